@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (read-only on the store)."""

@@ -1,0 +1,1 @@
+"""Workload definitions (data files in defs/) and their loader."""
