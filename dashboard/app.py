@@ -1,0 +1,80 @@
+"""Streamlit entry point of the k2bench dashboard: `k2bench dashboard` runs `streamlit run` on this file.
+
+The database URL comes from --db after `--` on the streamlit command line, else the K2BENCH_DB
+environment variable, else the store's default. The dashboard only reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import streamlit as st
+from k2bench.dashboard import cache, data
+from k2bench.dashboard.views import compare, frontier, history, run_detail
+from k2bench.harness.errors import UserError
+
+PAGES = {"Frontier": frontier.render, "History": history.render, "Compare": compare.render,
+         "Run detail": run_detail.render}
+
+
+def _db_arg() -> str | None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--db")
+    known, _ = parser.parse_known_args(sys.argv[1:])
+    return known.db
+
+
+def _display_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL is reported by the store itself
+        return url
+
+
+def first_run_message(url: str, reason: str | None = None) -> None:
+    st.title("k2bench dashboard")
+    st.info(reason or f"No benchmark runs in this database yet ({_display_url(url)}).")
+    st.markdown("Record a sweep into it (the bundled engine, or any server with `--url`):")
+    db = "" if url == _default_url() else f" --db '{_display_url(url)}'"
+    st.code(f"{data.FIRST_RUN_COMMAND}{db}", language="bash")
+    st.markdown("or import a run saved as JSON:")
+    st.code(f"k2bench import run.json{db}", language="bash")
+    st.caption("Then reload this page.")
+
+
+def _default_url() -> str | None:
+    try:
+        from k2bench.harness.store import default_db_url
+
+        return default_db_url()
+    except Exception:
+        return None
+
+
+def main() -> None:
+    st.set_page_config(page_title="k2bench", layout="wide")
+    url = data.resolve_db_url(_db_arg())
+    names = list(PAGES)
+    wanted = st.query_params.get("page", names[0])
+    page = st.sidebar.radio("Page", names, index=names.index(wanted) if wanted in names else 0, key="page")
+    if st.query_params.get("page") != page:
+        st.query_params["page"] = page
+    st.sidebar.caption(f"Database: `{_display_url(url)}` (read-only)")
+    try:
+        points = cache.points(url)
+    except UserError as exc:
+        first_run_message(url, f"Cannot read the database: {exc}")
+        return
+    if points.empty:
+        if cache.run_count(url):
+            first_run_message(url, "Runs exist in this database but none has a finished concurrency level yet.")
+        else:
+            first_run_message(url)
+        return
+    PAGES[page](url, points)
+
+
+main()

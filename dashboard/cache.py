@@ -1,0 +1,46 @@
+"""Streamlit-cached, read-only queries. The store is opened once per URL; query results are kept
+for a short time so that a sweep finishing in another process shows up on the next refresh."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+from k2bench.dashboard import data
+
+TTL_S = 30
+
+
+@st.cache_resource(show_spinner=False)
+def store(url: str):
+    return data.open_store(url)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def points(url: str) -> pd.DataFrame:
+    return data.load_points(store(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def run_count(url: str) -> int:
+    return len(store(url).list_runs())
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def requests(url: str, run_id: int, concurrency: int | None) -> pd.DataFrame:
+    return store(url).requests_frame(run_id, concurrency=concurrency)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def itl(url: str, run_id: int, concurrency: int) -> np.ndarray:
+    return np.asarray(store(url).itl_ms(run_id, concurrency), dtype=float)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def change_points(url: str, fingerprint: str, branch: str | None) -> pd.DataFrame:
+    return store(url).change_points_frame(fingerprint=fingerprint, branch=branch)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def run(url: str, run_id: int) -> dict:
+    return store(url).get_run(run_id)

@@ -1,0 +1,177 @@
+"""Plotly figures of the dashboard. Pure functions of DataFrames, so the benchmark and the tests
+build exactly what the pages show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from k2bench.dashboard import data
+from plotly.colors import qualitative
+
+
+@dataclass(frozen=True)
+class View:
+    title: str
+    x: str
+    y: str
+    maximize_x: bool
+    maximize_y: bool
+
+
+VIEWS = {
+    "Throughput vs interactivity": View("Throughput per GPU vs interactivity",
+                                        "interactivity_median", "tput_per_gpu", True, True),
+    "E2E latency vs interactivity": View("E2E latency vs interactivity",
+                                         "interactivity_median", "e2el_ms_median", True, False),
+    "TTFT vs throughput": View("TTFT vs throughput per GPU", "tput_per_gpu", "ttft_ms_median", True, False),
+}
+PALETTE = qualitative.Plotly
+REGRESSION_COLOR = "#d62728"
+IMPROVEMENT_COLOR = "#2ca02c"
+
+
+def _label(col: str) -> str:
+    return data.METRICS[col].label if col in data.METRICS else col
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = False) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.2}, margin={"t": 60, "l": 60, "r": 20},
+                      hovermode="closest")
+    if log:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
+                    reference: pd.DataFrame | None = None, log: bool = False,
+                    title: str | None = None) -> go.Figure:
+    """Every level as a point labelled with its concurrency; each group's frontier as a line."""
+    fig = go.Figure()
+    front = data.frontier_points(levels, view.x, view.y, view.maximize_x, view.maximize_y, by=by)
+    for i, (name, grp) in enumerate(levels.groupby(by, sort=False)):
+        color = PALETTE[i % len(PALETTE)]
+        hover = _hover(grp)
+        fig.add_trace(go.Scatter(
+            x=grp[view.x], y=grp[view.y], mode="markers+text", name=str(name), legendgroup=str(name),
+            text=[f"c{int(c)}" for c in grp["concurrency"]], textposition="top center",
+            marker={"color": color, "size": 9}, customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+        line = front[front[by] == name]
+        fig.add_trace(go.Scatter(
+            x=line[view.x], y=line[view.y], mode="lines", name=f"{name} frontier", legendgroup=str(name),
+            line={"color": color, "width": 2}, showlegend=False, hoverinfo="skip"))
+    if reference is not None and not reference.empty:
+        _add_reference(fig, reference, view)
+    return _layout(fig, title or view.title, _label(view.x), _label(view.y), log)
+
+
+def _hover(grp: pd.DataFrame) -> list[str]:
+    out = []
+    for row in grp.to_dict("records"):
+        bits = [f"concurrency {int(row['concurrency'])}"]
+        for col in ("tput_per_gpu", "interactivity_median", "ttft_ms_median", "e2el_ms_median"):
+            if col in row and row[col] == row[col]:
+                bits.append(f"{_label(col)}: {row[col]:.4g}")
+        if "commit" in row and row.get("commit"):
+            bits.append(f"commit {str(row['commit'])[:10]} ({row.get('branch') or '-'})")
+        if "run_id" in row:
+            bits.append(f"run #{row['run_id']}")
+        if "runs" in row:
+            bits.append(f"median of {int(row['runs'])} run(s)")
+        out.append("<br>".join(bits))
+    return out
+
+
+def _add_reference(fig: go.Figure, ref: pd.DataFrame, view: View) -> None:
+    """Published points where the source states both coordinates; a guide line where it states one."""
+    for name, grp in ref.groupby("name", sort=False):
+        source = grp["source"].iloc[0]
+        full = grp.dropna(subset=[c for c in (view.x, view.y) if c in grp.columns])
+        if view.x in grp.columns and view.y in grp.columns and not full.empty:
+            fig.add_trace(go.Scatter(
+                x=full[view.x], y=full[view.y], mode="markers+text", name=f"{name}",
+                text=[f"c{int(c)} (ref)" for c in full["concurrency"]], textposition="bottom center",
+                marker={"symbol": "star", "size": 14, "color": "black"},
+                hovertemplate=f"{name}<br>%{{text}}<br>x=%{{x}}, y=%{{y}}<br>source: {source}<extra></extra>"))
+        # a point that gives only the x coordinate (e.g. interactivity without throughput)
+        if view.x in grp.columns:
+            partial = grp[grp[view.x].notna() & (grp[view.y].isna() if view.y in grp.columns else True)]
+            for row in partial.to_dict("records"):
+                fig.add_vline(x=row[view.x], line_dash="dot", line_color="black",
+                              annotation_text=f"ref c{int(row['concurrency'])}: {row[view.x]:g}",
+                              annotation_position="top")
+        fig.add_annotation(text=f"Reference: {name}. Source: {source}", xref="paper", yref="paper",
+                           x=0, y=1.02, showarrow=False, xanchor="left", yanchor="bottom",
+                           font={"size": 10})
+
+
+def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_commit: bool = False,
+                   title: str | None = None) -> go.Figure:
+    """A metric over runs (time or commit order) with change points drawn as coloured markers."""
+    fig = go.Figure()
+    xcol = "position" if by_commit else "started_at"
+    s = series.copy()
+    s["position"] = np.arange(len(s))
+    hover = [f"{_label(metric)}: {v:.4g}<br>commit {str(c)[:10]}<br>branch {b}<br>{pd.Timestamp(t):%Y-%m-%d %H:%M} UTC"
+             f"<br>run #{r}" for v, c, b, t, r in zip(s[metric], s["commit"], s["branch"], s["started_at"],
+                                                     s["run_id"], strict=True)]
+    fig.add_trace(go.Scatter(x=s[xcol], y=s[metric], mode="lines+markers", name=_label(metric),
+                             customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+    for kind, color, symbol in (("regression", REGRESSION_COLOR, "triangle-down"),
+                                ("improvement", IMPROVEMENT_COLOR, "triangle-up")):
+        m = marks[marks["kind"] == kind] if not marks.empty else marks
+        hit = s.merge(m[["run_id", "rel_change"]], on="run_id") if not m.empty else s.iloc[0:0]
+        if hit.empty:
+            continue
+        fig.add_trace(go.Scatter(
+            x=hit[xcol], y=hit[metric], mode="markers", name=f"change point ({kind})",
+            marker={"color": color, "size": 16, "symbol": symbol, "line": {"width": 1, "color": "black"}},
+            customdata=[f"{kind}: {rc * 100:+.1f}% at commit {str(c)[:10]}"
+                        for rc, c in zip(hit["rel_change"], hit["commit"], strict=True)],
+            hovertemplate="%{customdata}<extra></extra>"))
+        for x in hit[xcol]:
+            fig.add_vline(x=x, line_dash="dash", line_color=color, opacity=0.5)
+    if by_commit:
+        fig.update_xaxes(tickmode="array", tickvals=s["position"], ticktext=[str(c)[:7] for c in s["commit"]])
+    return _layout(fig, title or f"{_label(metric)} history", "commit" if by_commit else "run start (UTC)",
+                   _label(metric))
+
+
+def ttft_histogram(requests: pd.DataFrame) -> go.Figure:
+    ok = requests[requests["success"].astype(bool)]
+    fig = go.Figure(go.Histogram(x=ok["ttft_ms"], nbinsx=40, name="TTFT"))
+    return _layout(fig, "TTFT distribution", "TTFT (ms)", "requests")
+
+
+def itl_cdf(itl_ms: np.ndarray) -> go.Figure:
+    xs = np.sort(np.asarray(itl_ms, dtype=float))
+    if len(xs) > 5000:  # the curve's shape needs no more than a few thousand steps
+        xs = xs[np.linspace(0, len(xs) - 1, 5000).astype(int)]
+    ys = np.linspace(0, 1, len(xs), endpoint=True) if len(xs) else xs
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="ITL CDF", line_shape="hv"))
+    return _layout(fig, "Inter-token latency CDF", "ITL (ms)", "fraction of gaps ≤ x")
+
+
+def request_timeline(requests: pd.DataFrame) -> go.Figure:
+    """Each request as a bar from send to finish (first token marked), one row per request."""
+    r = requests.sort_values("send_s").reset_index(drop=True)
+    fig = go.Figure()
+    for ok, name, color in ((True, "succeeded", PALETTE[0]), (False, "failed", REGRESSION_COLOR)):
+        part = r[r["success"].astype(bool) == ok]
+        if part.empty:
+            continue
+        xs, ys = [], []
+        for row, s, e in zip(part.index, part["send_s"], part["end_s"], strict=True):
+            xs += [s, e if e == e else s, None]
+            ys += [row, row, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"request ({name})",
+                                 line={"color": color, "width": 2}, hoverinfo="skip"))
+    ok = r[r["success"].astype(bool) & r["ttft_ms"].notna()]
+    fig.add_trace(go.Scatter(x=ok["send_s"] + ok["ttft_ms"] / 1000.0, y=ok.index, mode="markers",
+                             name="first token", marker={"size": 4, "color": "black"},
+                             hovertemplate="first token at %{x:.3f}s<extra></extra>"))
+    return _layout(fig, "Request timeline", "time since level start (s)", "request (by send time)")

@@ -1,0 +1,246 @@
+"""Read-only data layer of the dashboard: store access, cached queries and the table shaping
+each page needs. Everything here works on the DataFrames the store returns, so pages and the
+benchmark share one code path; Streamlit caching wraps it only at the edges (``cached_*``)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+DB_ENV = "K2BENCH_DB"
+FIRST_RUN_COMMAND = "k2bench sweep --isl 8192 --osl 1024 --conc 4..128"
+
+
+@dataclass(frozen=True)
+class Metric:
+    column: str
+    label: str
+    higher_is_better: bool
+
+
+def _metric_catalogue() -> dict[str, Metric]:
+    out = {
+        "tput_per_gpu": Metric("tput_per_gpu", "Throughput (tok/s/GPU)", True),
+        "output_tput_per_gpu": Metric("output_tput_per_gpu", "Output throughput (tok/s/GPU)", True),
+        "input_tput_per_gpu": Metric("input_tput_per_gpu", "Input throughput (tok/s/GPU)", True),
+        "interactivity_median": Metric("interactivity_median", "Interactivity (tok/s/user)", True),
+        "interactivity_p90": Metric("interactivity_p90", "Interactivity p90 (tok/s/user)", True),
+        "interactivity_p99": Metric("interactivity_p99", "Interactivity p99 (tok/s/user)", True),
+    }
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2E latency"}
+    for prefix, name in names.items():
+        for stat in ("median", "mean", "p90", "p99", "p99_9"):
+            col = f"{prefix}_{stat}"
+            out[col] = Metric(col, f"{name} {stat.replace('_', '.')} (ms)", False)
+    return out
+
+
+METRICS = _metric_catalogue()
+FILTER_COLUMNS = ("engine", "model", "hardware", "workload", "branch")
+CONFIG_FIELDS = ("engine", "engine_version", "model", "precision", "hardware", "num_gpus", "tp", "workload")
+
+
+# ---------------------------------------------------------------- store access
+
+
+def resolve_db_url(url: str | None = None) -> str:
+    if url:
+        return url
+    if os.environ.get(DB_ENV):
+        return os.environ[DB_ENV]
+    from k2bench.harness.store import default_db_url
+
+    return default_db_url()
+
+
+def open_store(url: str):
+    """The dashboard never writes: the store is always opened read-only."""
+    from k2bench.harness.store import Store
+
+    return Store.open(url, readonly=True)
+
+
+def pareto_mask(x, y, maximize_x: bool = True, maximize_y: bool = True) -> np.ndarray:
+    """Frontier membership; prefers the analysis package's definition when it is installed."""
+    try:
+        pareto = importlib.import_module("k2bench.harness.analysis.pareto")
+    except ModuleNotFoundError:
+        pareto = None
+    fn = getattr(pareto, "non_dominated_mask", None) if pareto else None
+    if fn is not None:
+        return np.asarray(fn(x, y, maximize_x=maximize_x, maximize_y=maximize_y), dtype=bool)
+    from k2bench.dashboard._pareto import non_dominated
+
+    return non_dominated(x, y, maximize_x, maximize_y)
+
+
+def load_points(store) -> pd.DataFrame:
+    """All points with a configuration label; empty frame (with columns) when there are none."""
+    df = store.points_frame()
+    if df.empty:
+        return df
+    df = df.copy()
+    df["started_at"] = pd.to_datetime(df["started_at"], utc=True)
+    df["config"] = config_labels(df)
+    return df
+
+
+def config_labels(df: pd.DataFrame) -> pd.Series:
+    """A readable name per configuration; the fingerprint suffix keeps unlike configs apart."""
+
+    def one(row) -> str:
+        version = f" {row['engine_version']}" if _present(row.get("engine_version")) else ""
+        parts = [f"{row['engine']}{version}", row.get("model"), row.get("precision"), row.get("hardware")]
+        parts.append(f"TP{int(row['tp'])}" if _present(row.get("tp")) else None)
+        parts.append(row.get("workload"))
+        text = " · ".join(str(p) for p in parts if _present(p))
+        fp = row.get("fingerprint")
+        return f"{text} [{str(fp)[:6]}]" if _present(fp) else text
+
+    keys = df[[c for c in (*CONFIG_FIELDS, "fingerprint") if c in df.columns]].drop_duplicates()
+    names = {tuple(r): one(dict(zip(keys.columns, r, strict=True))) for r in keys.itertuples(index=False)}
+    return pd.Series([names[tuple(r)] for r in df[keys.columns].itertuples(index=False)], index=df.index)
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and value != ""
+
+
+# ---------------------------------------------------------------- filters and aggregation
+
+
+def filter_points(df: pd.DataFrame, selections: dict[str, list], date_range=None) -> pd.DataFrame:
+    """Keep rows whose column values are in each non-empty selection and within the date range."""
+    keep = pd.Series(True, index=df.index)
+    for col, chosen in selections.items():
+        if chosen:
+            keep &= df[col].isin(chosen)
+    if date_range:
+        lo, hi = (pd.Timestamp(d) for d in date_range)
+        lo = lo.tz_localize("UTC") if lo.tzinfo is None else lo
+        hi = (hi.tz_localize("UTC") if hi.tzinfo is None else hi) + pd.Timedelta(days=1)
+        keep &= (df["started_at"] >= lo) & (df["started_at"] < hi)
+    return df[keep]
+
+
+def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, concurrency): the median over trials of each numeric metric."""
+    if df.empty:
+        return df
+    keys = ["run_id", "concurrency"]
+    numeric = [c for c in df.columns if c in METRICS or c in ("duration_s", "completed", "failed")]
+    agg = df.groupby(keys, sort=False)[numeric].median()
+    first_cols = [c for c in df.columns if c not in numeric and c not in keys and c != "trial"]
+    first = df.groupby(keys, sort=False)[first_cols].first()
+    return agg.join(first).reset_index()
+
+
+def latest_run_per_config(df: pd.DataFrame) -> pd.DataFrame:
+    """Levels of the most recent run of each configuration (the default frontier view)."""
+    if df.empty:
+        return df
+    runs = df[["config", "run_id", "started_at"]].drop_duplicates("run_id")
+    latest = runs.sort_values(["started_at", "run_id"]).groupby("config").tail(1)["run_id"]
+    return per_run_levels(df[df["run_id"].isin(latest)])
+
+
+def median_over_runs(df: pd.DataFrame, by: str = "config") -> pd.DataFrame:
+    """Levels pooled over every run in the selection: median per (group, concurrency)."""
+    if df.empty:
+        return df
+    levels = per_run_levels(df)
+    numeric = [c for c in levels.columns if c in METRICS]
+    out = levels.groupby([by, "concurrency"], sort=False)[numeric].median()
+    out["runs"] = levels.groupby([by, "concurrency"], sort=False)["run_id"].nunique()
+    return out.reset_index()
+
+
+def frontier_points(levels: pd.DataFrame, x: str, y: str, maximize_x: bool, maximize_y: bool,
+                    by: str = "config") -> pd.DataFrame:
+    """The non-dominated levels of each group, ordered along x for drawing a line."""
+    parts = []
+    for _, grp in levels.groupby(by, sort=False):
+        mask = pareto_mask(grp[x].to_numpy(), grp[y].to_numpy(), maximize_x, maximize_y)
+        parts.append(grp[mask].sort_values(x))
+    return pd.concat(parts) if parts else levels.iloc[0:0]
+
+
+# ---------------------------------------------------------------- history
+
+
+def history_series(df: pd.DataFrame, fingerprint: str, concurrency: int, metric: str,
+                   branch: str | None = None) -> pd.DataFrame:
+    """One row per run of a configuration at one concurrency, in time order."""
+    sel = df[(df["fingerprint"] == fingerprint) & (df["concurrency"] == concurrency)]
+    if branch:
+        sel = sel[sel["branch"] == branch]
+    levels = per_run_levels(sel)
+    if levels.empty:
+        return levels
+    cols = ["run_id", "commit", "branch", "started_at", "status", "concurrency", metric]
+    return levels[cols].sort_values(["started_at", "run_id"]).reset_index(drop=True)
+
+
+def mark_change_points(cps: pd.DataFrame, metric: str, concurrency: int) -> pd.DataFrame:
+    """Change points of one metric and level, each labelled a regression or an improvement."""
+    if cps is None or cps.empty:
+        return pd.DataFrame(columns=["run_id", "commit", "rel_change", "p_value", "kind"])
+    sel = cps[(cps["metric"] == metric) & (cps["concurrency"] == concurrency)].copy()
+    higher = METRICS[metric].higher_is_better if metric in METRICS else True
+    worse = sel["rel_change"] < 0 if higher else sel["rel_change"] > 0
+    sel["kind"] = np.where(worse, "regression", "improvement")
+    return sel
+
+
+# ---------------------------------------------------------------- compare
+
+COMPARE_METRICS = ("tput_per_gpu", "interactivity_median", "ttft_ms_median", "tpot_ms_median", "e2el_ms_median")
+
+
+def delta_table(a: pd.DataFrame, b: pd.DataFrame, metrics=COMPARE_METRICS) -> pd.DataFrame:
+    """Per-concurrency values of A and B and the change B - A in percent (A is the baseline)."""
+    merged = a.set_index("concurrency")[list(metrics)].join(
+        b.set_index("concurrency")[list(metrics)], how="inner", lsuffix=" A", rsuffix=" B")
+    out = pd.DataFrame(index=merged.index)
+    for m in metrics:
+        out[f"{m} A"] = merged[f"{m} A"]
+        out[f"{m} B"] = merged[f"{m} B"]
+        out[f"{m} Δ%"] = (merged[f"{m} B"] / merged[f"{m} A"] - 1.0) * 100.0
+    return out.reset_index().sort_values("concurrency").reset_index(drop=True)
+
+
+def matched_interactivity(a: pd.DataFrame, b: pd.DataFrame, x: str = "interactivity_median",
+                          y: str = "tput_per_gpu") -> pd.DataFrame:
+    """Throughput of each frontier at A's interactivity levels where both frontiers reach.
+
+    Along a frontier, throughput falls as interactivity rises; B's value between its measured
+    levels is linearly interpolated, and nothing is extrapolated beyond its measured range."""
+    fa = a[pareto_mask(a[x], a[y])].sort_values(x)
+    fb = b[pareto_mask(b[x], b[y])].sort_values(x)
+    if fa.empty or fb.empty:
+        return pd.DataFrame(columns=[x, f"{y} A", f"{y} B", "Δ%"])
+    lo, hi = fb[x].min(), fb[x].max()
+    at = fa[(fa[x] >= lo) & (fa[x] <= hi)]
+    tput_b = np.interp(at[x].to_numpy(), fb[x].to_numpy(), fb[y].to_numpy())
+    out = pd.DataFrame({"concurrency A": at["concurrency"].to_numpy(), x: at[x].to_numpy(),
+                        f"{y} A": at[y].to_numpy(), f"{y} B": tput_b})
+    out["Δ%"] = (out[f"{y} B"] / out[f"{y} A"] - 1.0) * 100.0
+    return out.reset_index(drop=True)
+
+
+def run_label(row) -> str:
+    commit = str(row.get("commit") or "")[:8] or "no-commit"
+    when = pd.Timestamp(row["started_at"]).strftime("%Y-%m-%d %H:%M") if _present(row.get("started_at")) else ""
+    return f"#{row['run_id']} · {commit} · {row.get('branch') or '-'} · {row.get('engine')} · {when}"
+
+
+def runs_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (newest first) for pickers."""
+    cols = ["run_id", "commit", "branch", "engine", "model", "hardware", "workload", "fingerprint",
+            "config", "started_at", "status"]
+    runs = df[cols].drop_duplicates("run_id").sort_values(["started_at", "run_id"], ascending=False)
+    return runs.reset_index(drop=True)

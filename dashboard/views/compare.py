@@ -1,0 +1,73 @@
+"""Compare page: two runs or two commits, frontiers overlaid, per-level deltas (B relative to A)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from k2bench.dashboard import charts, data
+from k2bench.dashboard.views.common import csv_download, pct_columns
+from k2bench.dashboard.views.history import config_options
+
+
+def _pick_runs(points: pd.DataFrame):
+    runs = data.runs_table(points)
+    labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
+    ids = list(labels)
+    # default: the newest run against the previous run of the same configuration
+    same = runs.index[(runs["fingerprint"] == runs["fingerprint"].iloc[0]) & (runs.index > 0)]
+    a_default = int(same[0]) if len(same) else min(1, len(ids) - 1)
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Run A (baseline)", ids, index=a_default, format_func=labels.get, key="compare_run_a")
+    b = c2.selectbox("Run B (candidate)", ids, index=0, format_func=labels.get, key="compare_run_b")
+    fa, fb = (runs.loc[runs["run_id"] == r, "fingerprint"].iloc[0] for r in (a, b))
+    if fa != fb:
+        st.warning(f"Runs A and B have different configurations (fingerprints {fa} and {fb}); "
+                   "their numbers are not like for like.")
+    la = data.per_run_levels(points[points["run_id"] == a])
+    lb = data.per_run_levels(points[points["run_id"] == b])
+    return la, lb, f"A: run #{a}", f"B: run #{b}"
+
+
+def _pick_commits(points: pd.DataFrame):
+    configs = config_options(points)
+    fp = st.selectbox("Configuration", list(configs), format_func=configs.get, key="compare_config")
+    sel = points[points["fingerprint"] == fp]
+    commits = list(sel.groupby("commit")["started_at"].min().sort_values(ascending=False).index)
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Commit A (baseline)", commits, index=min(1, len(commits) - 1), key="compare_commit_a")
+    b = c2.selectbox("Commit B (candidate)", commits, index=0, key="compare_commit_b")
+    la = data.median_over_runs(sel[sel["commit"] == a], by="commit")
+    lb = data.median_over_runs(sel[sel["commit"] == b], by="commit")
+    return la, lb, f"A: {str(a)[:10]}", f"B: {str(b)[:10]}"
+
+
+def render(url: str, points: pd.DataFrame) -> None:
+    st.title("Compare")
+    mode = st.radio("Compare", ["Two runs", "Two commits"], horizontal=True, key="compare_mode")
+    la, lb, name_a, name_b = _pick_runs(points) if mode == "Two runs" else _pick_commits(points)
+    both = pd.concat([la.assign(side=name_a), lb.assign(side=name_b)], ignore_index=True)
+    view = charts.VIEWS["Throughput vs interactivity"]
+    fig = charts.frontier_figure(both, view, by="side", title=f"Frontiers: {name_a} vs {name_b}")
+    st.plotly_chart(fig, key="compare_chart")
+
+    deltas = data.delta_table(la, lb)
+    if deltas.empty:
+        st.warning("A and B share no concurrency level.")
+    else:
+        peak_a, peak_b = la["tput_per_gpu"].max(), lb["tput_per_gpu"].max()
+        c1, c2 = st.columns(2)
+        c1.metric("Peak throughput B (tok/s/GPU)", f"{peak_b:,.1f}", delta=f"{(peak_b / peak_a - 1) * 100:+.1f}% vs A")
+        ia, ib = la["interactivity_median"].max(), lb["interactivity_median"].max()
+        c2.metric("Best interactivity B (tok/s/user)", f"{ib:,.1f}", delta=f"{(ib / ia - 1) * 100:+.1f}% vs A")
+        st.subheader("Per-concurrency deltas (B relative to A)")
+        st.dataframe(deltas, hide_index=True, column_config=pct_columns(deltas), key="compare_deltas")
+        csv_download(deltas, "compare_deltas", key="compare_csv")
+
+    st.subheader("Throughput at matched interactivity")
+    matched = data.matched_interactivity(la, lb)
+    if matched.empty:
+        st.info("The two frontiers do not overlap in interactivity, so there is nothing to match.")
+    else:
+        st.caption("At A's frontier levels, B's throughput interpolated along B's frontier (no extrapolation).")
+        st.dataframe(matched, hide_index=True, column_config=pct_columns(matched), key="compare_matched")
+        csv_download(matched, "compare_matched", key="compare_matched_csv")

@@ -1,0 +1,59 @@
+"""Frontier page: tok/s/GPU against tok/s/user per configuration, with alternative views."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from k2bench.dashboard import charts, data
+from k2bench.dashboard.reference import load_reference
+from k2bench.dashboard.views.common import csv_download
+
+MODES = ("Latest run per configuration", "Median over runs in range")
+TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
+                 "tpot_ms_median", "e2el_ms_median"]
+
+
+def sidebar_filters(points: pd.DataFrame) -> pd.DataFrame:
+    st.sidebar.subheader("Filters")
+    chosen = {}
+    for col in data.FILTER_COLUMNS:
+        values = sorted(v for v in points[col].dropna().unique())
+        chosen[col] = st.sidebar.multiselect(col.capitalize(), values, key=f"filter_{col}")
+    first, last = points["started_at"].min().date(), points["started_at"].max().date()
+    dates = st.sidebar.date_input("Date range", value=(first, last), min_value=first, max_value=last,
+                                  key="filter_dates")
+    date_range = dates if isinstance(dates, (tuple, list)) and len(dates) == 2 else None
+    return data.filter_points(points, chosen, date_range)
+
+
+def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool):
+    """The page's table and figure from the filtered points (also timed by bench/dashboard_bench.py)."""
+    levels = data.latest_run_per_config(points) if mode == MODES[0] else data.median_over_runs(points)
+    fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log)
+    return levels, fig
+
+
+def render(url: str, points: pd.DataFrame) -> None:
+    st.title("Frontier")
+    selected = sidebar_filters(points)
+    c1, c2, c3 = st.columns([3, 2, 2])
+    view_name = c1.radio("View", list(charts.VIEWS), horizontal=True, key="frontier_view")
+    mode = c2.selectbox("Points", MODES, key="frontier_mode")
+    show_ref = c3.checkbox("Show published reference points", value=True, key="frontier_ref")
+    log = c3.checkbox("Log axes", key="frontier_log")
+    if selected.empty:
+        st.warning("No runs match these filters.")
+        return
+    reference = load_reference() if show_ref else None
+    levels, fig = build(selected, view_name, mode, reference, log)
+    st.plotly_chart(fig, key="frontier_chart")
+    n_runs = selected["run_id"].nunique()
+    st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection. "
+               "Labels are concurrency levels; lines join each configuration's Pareto-optimal levels.")
+    if reference is not None and not reference.empty:
+        for name, src in reference[["name", "source"]].drop_duplicates().itertuples(index=False):
+            st.caption(f"Reference: {name} — source: {src}")
+    cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
+    table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
+    st.dataframe(table, hide_index=True, key="frontier_table")
+    csv_download(table, "frontier", key="frontier_csv")

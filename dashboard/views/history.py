@@ -1,0 +1,56 @@
+"""History page: one metric at one concurrency across commits and time, change points marked."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from k2bench.dashboard import cache, charts, data
+from k2bench.dashboard.views.common import csv_download
+
+ALL = "(all branches)"
+
+
+def config_options(points: pd.DataFrame) -> dict[str, str]:
+    """fingerprint -> label, most recently run configuration first."""
+    latest = points.groupby("fingerprint")["started_at"].max().sort_values(ascending=False)
+    labels = points.drop_duplicates("fingerprint").set_index("fingerprint")["config"]
+    return {fp: labels[fp] for fp in latest.index}
+
+
+def render(url: str, points: pd.DataFrame) -> None:
+    st.title("History")
+    configs = config_options(points)
+    fp = st.selectbox("Configuration", list(configs), format_func=configs.get, key="history_config")
+    sel = points[points["fingerprint"] == fp]
+    c1, c2, c3, c4 = st.columns(4)
+    branch = c1.selectbox("Branch", [ALL, *sorted(sel["branch"].dropna().unique())], key="history_branch")
+    levels = sorted(int(c) for c in sel["concurrency"].unique())
+    conc = c2.selectbox("Concurrency", levels, index=len(levels) - 1, key="history_conc")
+    metric = c3.selectbox("Metric", list(data.METRICS), format_func=lambda m: data.METRICS[m].label,
+                          key="history_metric")
+    by_commit = c4.radio("X axis", ["time", "commit order"], horizontal=True, key="history_x") == "commit order"
+    br = None if branch == ALL else branch
+    series = data.history_series(points, fp, conc, metric, br)
+    if series.empty:
+        st.warning("No runs of this configuration at this concurrency.")
+        return
+    marks = data.mark_change_points(cache.change_points(url, fp, br), metric, conc)
+    marks = marks[marks["run_id"].isin(series["run_id"])] if not marks.empty else marks
+    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit), key="history_chart")
+    regressions = marks[marks["kind"] == "regression"] if not marks.empty else marks
+    if not regressions.empty:
+        lines = [f"commit `{str(r.commit)[:10]}`: {r.rel_change * 100:+.1f}% (p={r.p_value:.2g})"
+                 for r in regressions.itertuples()]
+        st.error(f"{len(regressions)} regression(s) flagged in {data.METRICS[metric].label} "
+                 f"at concurrency {conc}: " + "; ".join(lines))
+    elif marks.empty:
+        st.caption("No change points recorded for this metric and level (run `k2bench changepoints`).")
+    else:
+        st.success(f"{len(marks)} change point(s), none of them a regression.")
+    st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
+    st.dataframe(series, hide_index=True, key="history_table")
+    csv_download(series, "history", key="history_csv")
+    if not marks.empty:
+        st.subheader("Change points")
+        cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]
+        st.dataframe(cp, hide_index=True, key="history_cp_table")

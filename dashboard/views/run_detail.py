@@ -1,0 +1,62 @@
+"""Run detail page: metadata, per-level table and per-request distributions of one run."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from k2bench.dashboard import cache, charts, data
+from k2bench.dashboard.views.common import csv_download
+
+LEVEL_COLUMNS = ["concurrency", "completed", "failed", "duration_s", "tput_per_gpu", "output_tput_per_gpu",
+                 "interactivity_median", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "itl_ms_p99",
+                 "e2el_ms_median"]
+META_FIELDS = ["commit", "branch", "status", "engine", "engine_version", "model", "precision", "hardware",
+               "num_gpus", "tp", "workload", "isl", "osl", "started_at", "finished_at", "fingerprint"]
+
+
+def render(url: str, points: pd.DataFrame) -> None:
+    st.title("Run detail")
+    runs = data.runs_table(points)
+    labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
+    ids = list(labels)
+    wanted = st.query_params.get("run")
+    index = ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0
+    run_id = st.selectbox("Run", ids, index=index, format_func=labels.get, key="detail_run")
+    meta = cache.run(url, run_id)
+
+    st.subheader("Metadata")
+    rows = [(k, str(meta.get(k))) for k in META_FIELDS if meta.get(k) not in (None, "")]
+    st.table(pd.DataFrame(rows, columns=["field", "value"]).set_index("field"))
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown("**Engine flags**")
+        st.json(meta.get("engine_flags") or {})
+    with c2:
+        if meta.get("server_command"):
+            st.markdown("**Server command**")
+            cmd = meta["server_command"]
+            st.code(" ".join(cmd) if isinstance(cmd, list) else str(cmd), language="bash")
+        if meta.get("tags"):
+            st.markdown("**Tags**")
+            st.json(meta["tags"])
+
+    st.subheader("Per-level results")
+    levels = data.per_run_levels(points[points["run_id"] == run_id])
+    table = levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
+    st.dataframe(table, hide_index=True, key="detail_levels")
+    csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
+
+    st.subheader("Per-request distributions")
+    concs = [int(c) for c in table["concurrency"]]
+    conc = st.selectbox("Concurrency", concs, index=len(concs) - 1, key="detail_conc")
+    reqs = cache.requests(url, run_id, conc)
+    if reqs.empty:
+        st.info("No per-request records are stored for this level (for example, a run imported without them).")
+        return
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(charts.ttft_histogram(reqs), key="detail_ttft")
+    c2.plotly_chart(charts.itl_cdf(cache.itl(url, run_id, conc)), key="detail_itl")
+    st.plotly_chart(charts.request_timeline(reqs), key="detail_timeline")
+    failed = int((~reqs["success"].astype(bool)).sum())
+    st.caption(f"{len(reqs)} measured request(s) at concurrency {conc}, {failed} failed.")
+    csv_download(reqs, f"run_{run_id}_c{conc}_requests", key="detail_requests_csv")
