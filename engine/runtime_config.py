@@ -1,0 +1,41 @@
+"""Runtime settings of the bundled engine: the one place their defaults live (the CLI reads these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
+
+
+@dataclass
+class RuntimeConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    block_size: int = 32
+    num_kv_blocks: int | None = None  # None: from kv_cache_memory, or sized for max_num_seqs full sequences
+    kv_cache_memory: float | None = None  # GiB for all layers of this rank's cache
+    kv_cache_dtype: str = "auto"  # auto: bf16 for bf16 models, else the model dtype; fp8 = float8_e4m3fn storage
+    scheduler_delay_factor: float = 0.0
+    kv_watermark: float = 0.01  # fraction of blocks kept free when admitting new (not preempted) requests
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be >= 1 (got {self.max_num_batched_tokens})")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"--max-model-len must be >= 2 (got {self.max_model_len})")
+        if self.block_size < 1 or self.block_size > 4096:
+            raise ValueError(f"--block-size must be in 1..4096 (got {self.block_size})")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be >= 1 (got {self.num_kv_blocks})")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"--kv-cache-memory must be > 0 GiB (got {self.kv_cache_memory})")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)} (got {self.kv_cache_dtype})")
+        if self.scheduler_delay_factor < 0:
+            raise ValueError(f"--scheduler-delay-factor must be >= 0 (got {self.scheduler_delay_factor})")
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"kv_watermark must be in [0, 1) (got {self.kv_watermark})")
