@@ -1,0 +1,51 @@
+"""Benchmark-configuration fingerprint: two runs are comparable iff their fingerprints match.
+
+The fingerprint covers everything that changes what is being measured (engine and its version
+and flags, model, precision, hardware, parallelism, workload shape) and nothing that is expected
+to vary between comparable runs (commit, branch, date, tags, host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+FINGERPRINT_FIELDS = (
+    "engine",
+    "engine_version",
+    "engine_flags",
+    "model",
+    "precision",
+    "hardware",
+    "num_gpus",
+    "tp",
+    "workload",
+    "isl",
+    "osl",
+    "range_ratio",
+)
+
+
+def _canonical_number(value):
+    # 1 and 1.0 must hash alike (a range ratio typed as "1" or "1.0").
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def fingerprint_fields(meta: Mapping) -> dict:
+    """The exact dict that ``fingerprint`` hashes (missing fields are None)."""
+    return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS}
+
+
+def fingerprint(meta: Mapping) -> str:
+    """sha256 (first 16 hex digits) of the canonical JSON of ``fingerprint_fields(meta)``."""
+    text = json.dumps(fingerprint_fields(meta), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def differing_fields(a: Mapping, b: Mapping) -> list[str]:
+    """Names of fingerprint fields whose values differ between two runs' metadata."""
+    fa, fb = fingerprint_fields(a), fingerprint_fields(b)
+    return [name for name in FINGERPRINT_FIELDS if fa[name] != fb[name]]

@@ -1,0 +1,11 @@
+"""Run store: SQLAlchemy 2 ORM + Alembic migrations (shipped in ./migrations, applied on open).
+
+See STORE_API in the README ("store" section): Store.open(url), create_run / add_point /
+finish_run / import_run to write; list_runs / get_run / export_run / points_frame /
+requests_frame / itl_ms / change_points_frame to read.
+"""
+
+from k2bench.harness.store.db import default_db_url
+from k2bench.harness.store.store import Store, effective_status
+
+__all__ = ["Store", "default_db_url", "effective_status"]

@@ -1,0 +1,149 @@
+"""Opening a database: URL defaults, SQLite settings, migrations to head.
+
+SQLite runs in WAL mode (readers never block the writer) with a busy timeout, and every write
+transaction starts with BEGIN IMMEDIATE: it takes the write lock up front, so two processes
+writing at once queue on the busy timeout instead of failing on a lock upgrade.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from k2bench.harness.errors import UserError
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+DEFAULT_DB_URL = "sqlite:///results/k2bench.db"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def default_db_url() -> str:
+    """env K2BENCH_DB, else SQLite at results/k2bench.db (relative to the current directory)."""
+    return os.environ.get("K2BENCH_DB") or DEFAULT_DB_URL
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return str(url)
+
+
+def parse_url(url: str) -> URL:
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        raise UserError(
+            f"--db {url!r} is not a database URL (examples: sqlite:///results/k2bench.db, "
+            "postgresql+psycopg2://user:pass@host/dbname)"
+        ) from None
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file of a SQLite URL (None for in-memory databases)."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    db = url.database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db)
+
+
+def make_engines(url: URL, readonly: bool) -> tuple[Engine, Engine | None]:
+    """(read engine, write engine); the write engine is None for a read-only store."""
+    try:
+        if url.get_backend_name() == "sqlite":
+            return _sqlite_engine(url, immediate=False), None if readonly else _sqlite_engine(url, immediate=True)
+        engine = create_engine(url, pool_pre_ping=True)
+        return engine, None if readonly else engine
+    except NoSuchModuleError:
+        raise UserError(f"database URL {safe_url(url)}: unknown database kind {url.drivername!r}") from None
+    except ImportError as exc:
+        raise UserError(
+            f"database URL {safe_url(url)}: its driver is not installed ({exc.name or exc}); "
+            "for PostgreSQL: pip install 'k2bench[postgres]'"
+        ) from None
+    except (ArgumentError, SQLAlchemyError) as exc:
+        raise UserError(f"database URL {safe_url(url)}: {first_line(exc)}") from None
+
+
+def _sqlite_engine(url: URL, immediate: bool) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver error reduced to its first meaningful line (no SQL, no traceback)."""
+    orig = getattr(exc, "orig", None)
+    text_ = str(orig if orig is not None else exc).strip()
+    return text_.splitlines()[0] if text_ else type(exc).__name__
+
+
+def _alembic_config(connection: Connection):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def current_revision(connection: Connection) -> str | None:
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def migrate(write_engine: Engine) -> None:
+    """Bring the schema to head in one write transaction (serialised across processes)."""
+    from alembic import command
+
+    head = head_revision()
+    with write_engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two processes opening a fresh database at once
+            conn.execute(text("SELECT pg_advisory_xact_lock(7231001)"))
+        if current_revision(conn) == head:
+            return
+        command.upgrade(_alembic_config(conn), "head")
+
+
+def check_schema(read_engine: Engine) -> None:
+    """For read-only stores: the schema must already be at head."""
+    head = head_revision()
+    with read_engine.connect() as conn:
+        rev = current_revision(conn)
+    if rev != head:
+        found = "no k2bench tables" if rev is None else f"schema revision {rev}"
+        raise UserError(
+            f"database {safe_url(read_engine.url)} has {found}, this k2bench needs {head}; "
+            "open it once read-write (e.g. `k2bench runs`) to create or migrate it"
+        )

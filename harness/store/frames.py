@@ -1,0 +1,97 @@
+"""DataFrame readers of the Store (analysis and the dashboard read through these)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from k2bench.harness.metrics import LATENCY_METRICS, STAT_KEYS, request_metrics
+from k2bench.harness.store.codec import decode_deltas
+from k2bench.harness.store.models import INTERACTIVITY_COLUMNS, ChangePoint, Point, Request, Run, stat_column
+from sqlalchemy import select
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RUN_COLUMNS = ("commit", "branch", "engine", "engine_version", "model", "precision", "hardware", "num_gpus", "tp",
+               "workload", "isl", "osl", "fingerprint", "started_at", "status")
+POINT_COLUMNS = ("concurrency", "trial", "num_prompts", "completed", "failed", "osl_mismatches", "duration_s",
+                 "input_tokens", "output_tokens", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu",
+                 *INTERACTIVITY_COLUMNS, *(stat_column(m, s) for m in LATENCY_METRICS for s in STAT_KEYS))
+REQUEST_COLUMNS = ("concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
+                   "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch")
+CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "concurrency", "run_id", "commit", "detected_at",
+                        "mean_before", "mean_after", "rel_change", "p_value")
+
+
+class FramesMixin:
+    def points_frame(self, run_ids=None, **filters) -> pd.DataFrame:
+        """One row per (run, concurrency, trial), run metadata joined in; ordered by run start, level.
+
+        ``status`` in the frame is the stored status; filters as in list_runs (limit excluded)."""
+        import pandas as pd
+        from k2bench.harness.store.store import _apply_run_filters
+
+        filters.pop("limit", None)
+        cols = [Point.run_id, *(getattr(Run, c) for c in RUN_COLUMNS), *(getattr(Point, c) for c in POINT_COLUMNS)]
+        q = select(*cols).join(Run, Run.id == Point.run_id)
+        if run_ids is not None:
+            q = q.where(Point.run_id.in_([int(r) for r in run_ids]))
+        q = _apply_run_filters(q, filters).order_by(Run.started_at, Run.id, Point.concurrency, Point.trial)
+        with self._read() as s:
+            rows = s.execute(q).all()
+        df = pd.DataFrame(rows, columns=["run_id", *RUN_COLUMNS, *POINT_COLUMNS])
+        df["started_at"] = pd.to_datetime(df["started_at"], utc=True)
+        return df
+
+    def requests_frame(self, run_id: int, concurrency: int | None = None) -> pd.DataFrame:
+        """One row per measured (non-warmup) request, latencies re-derived from the raw stamps.
+
+        send_s / end_s are seconds from the level's first send (per concurrency and trial)."""
+        import pandas as pd
+
+        pairs = self._records(run_id, concurrency, None, False)
+        start: dict[tuple[int, int], int] = {}
+        for row, rec in pairs:
+            key = (row.concurrency, row.trial)
+            start[key] = min(start.get(key, rec.send_ns), rec.send_ns)
+        out = []
+        for row, rec in pairs:
+            t0 = start[(row.concurrency, row.trial)]
+            m = request_metrics(rec)
+            out.append((
+                row.concurrency, row.trial, rec.index, (rec.send_ns - t0) / 1e9,
+                None if rec.end_ns is None else (rec.end_ns - t0) / 1e9,
+                m["ttft_ms"], m["tpot_ms"], m["e2el_ms"], rec.output_tokens, rec.requested_output_tokens,
+                rec.success, rec.error, rec.osl_mismatch,
+            ))
+        return pd.DataFrame(out, columns=list(REQUEST_COLUMNS))
+
+    def itl_ms(self, run_id: int, concurrency: int) -> np.ndarray:
+        """Every inter-token gap (ms) of the level's successful measured requests, all trials."""
+        with self._read() as s:
+            run = self._require_run(s, run_id)
+            blobs = s.execute(
+                select(Request.token_deltas).where(
+                    Request.run_id == run.id, Request.concurrency == concurrency,
+                    Request.warmup.is_(False), Request.success.is_(True),
+                ).order_by(Request.trial, Request.idx)
+            ).scalars().all()
+        gaps = [decode_deltas(b)[1:] for b in blobs]
+        if not gaps:
+            return np.zeros(0, dtype=np.float64)
+        return np.concatenate(gaps).astype(np.float64) / 1e6
+
+    def change_points_frame(self, fingerprint: str | None = None, branch: str | None = None) -> pd.DataFrame:
+        import pandas as pd
+
+        q = select(*(getattr(ChangePoint, c) for c in CHANGE_POINT_COLUMNS))
+        if fingerprint is not None:
+            q = q.where(ChangePoint.fingerprint == fingerprint)
+        if branch is not None:
+            q = q.where(ChangePoint.branch == branch)
+        with self._read() as s:
+            rows = s.execute(q.order_by(ChangePoint.detected_at, ChangePoint.id)).all()
+        df = pd.DataFrame(rows, columns=list(CHANGE_POINT_COLUMNS))
+        df["detected_at"] = pd.to_datetime(df["detected_at"], utc=True)
+        return df

@@ -1,0 +1,397 @@
+"""The Store: writes runs level by level, reads them back as dicts, documents and DataFrames.
+
+Every write is its own short transaction: create_run, each add_point (the level's summary plus
+all its raw requests), finish_run. So a sweep killed mid-way keeps every finished level.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from k2bench.harness import runjson
+from k2bench.harness.errors import UserError
+from k2bench.harness.fingerprint import fingerprint
+from k2bench.harness.records import RequestRecord
+from k2bench.harness.store import db
+from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
+from k2bench.harness.store.frames import FramesMixin
+from k2bench.harness.store.models import (
+    INTERACTIVITY_COLUMNS,
+    ChangePoint,
+    Point,
+    Request,
+    Run,
+    stat_column,
+)
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from k2bench import __version__
+
+RUN_FILTERS = ("engine", "model", "hardware", "branch", "commit", "fingerprint", "status", "workload", "limit")
+_RUN_COLUMNS = [k for k in runjson.RUN_FIELDS if k not in ("id", "started_at", "finished_at")]
+_POINT_SCALARS = list(runjson.POINT_SCALARS)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _to_db_time(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    return runjson.parse_time(text).replace(tzinfo=None)
+
+
+def _from_db_time(dt: datetime | None) -> str | None:
+    return None if dt is None else runjson.format_time(dt.replace(tzinfo=timezone.utc))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def effective_status(run: Run) -> str:
+    """The stored status, except that a "running" run whose writer process is known to be gone
+    (same host, pid no longer alive) reads as "partial": it was killed before finish_run."""
+    if run.status != "running":
+        return run.status
+    if run.writer_pid is None or run.writer_host != socket.gethostname():
+        return "running"  # imported, or written from another host: cannot tell, trust the record
+    return "running" if _pid_alive(run.writer_pid) else "partial"
+
+
+class Store(FramesMixin):
+    """Handle on one k2bench database. Use ``Store.open(url)``."""
+
+    def __init__(self, url: str, read_engine: Engine, write_engine: Engine | None):
+        self.url = url
+        self._read = sessionmaker(read_engine, expire_on_commit=False)
+        self._write = sessionmaker(write_engine, expire_on_commit=False) if write_engine is not None else None
+        self._engines = [e for e in {read_engine, write_engine} if e is not None]
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, url: str | None = None, readonly: bool = False) -> Store:
+        """Open (and, unless readonly, create or migrate to head) the database at url."""
+        url = url or db.default_db_url()
+        parsed = db.parse_url(url)
+        path = db.sqlite_path(parsed)
+        if path is not None:
+            if readonly and not path.exists():
+                raise UserError(f"no k2bench database at {path} (run a sweep or `k2bench import` first)")
+            if not readonly:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise UserError(f"cannot create the folder for {path}: {exc.strerror or exc}") from None
+        read_engine, write_engine = db.make_engines(parsed, readonly)
+        try:
+            if write_engine is not None:
+                db.migrate(write_engine)
+            else:
+                db.check_schema(read_engine)
+        except SQLAlchemyError as exc:
+            for e in {read_engine, write_engine} - {None}:
+                e.dispose()
+            raise UserError(f"cannot open database {db.safe_url(parsed)}: {db.first_line(exc)}") from None
+        return cls(url, read_engine, write_engine)
+
+    def close(self) -> None:
+        for engine in self._engines:
+            engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _writer(self) -> Session:
+        if self._write is None:
+            raise UserError("this store was opened read-only")
+        return self._write.begin()
+
+    # ------------------------------------------------------------------ writing
+    def create_run(self, meta: dict) -> int:
+        """Record a new run (status "running" unless meta says otherwise); returns its id.
+
+        Defaults: started_at now, num_gpus = tp or 1, trials 1, fingerprint computed from meta.
+        Unknown keys are a UserError (see runjson.RUN_FIELDS).
+        """
+        meta = dict(meta)
+        meta.pop("id", None)
+        meta.setdefault("status", "running")
+        meta.setdefault("started_at", runjson.format_time(datetime.now(timezone.utc)))
+        if meta.get("num_gpus") is None:
+            meta["num_gpus"] = meta.get("tp") or 1
+        meta.setdefault("client", {"k2bench": __version__, "host": socket.gethostname()})
+        run = runjson.validate_run(meta)
+        with self._writer() as s:
+            row = self._new_run(run)
+            row.writer_host = socket.gethostname()
+            row.writer_pid = os.getpid()
+            s.add(row)
+            s.flush()
+            return row.id
+
+    @staticmethod
+    def _new_run(run: dict) -> Run:
+        values = {k: run[k] for k in _RUN_COLUMNS}
+        values["trials"] = values["trials"] or 1
+        values["fingerprint"] = values["fingerprint"] or fingerprint(run)
+        now = _utcnow()
+        return Run(
+            **values,
+            started_at=_to_db_time(run["started_at"]),
+            finished_at=_to_db_time(run["finished_at"]),
+            updated_at=now,
+        )
+
+    def add_point(self, run_id: int, point: dict, records: Sequence[RequestRecord] | None = None) -> int:
+        """Commit one finished level (its summary and raw requests) in its own transaction."""
+        p = runjson.validate_point(point)
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            clash = select(Point.id).where(Point.run_id == run.id, Point.concurrency == p["concurrency"],
+                                           Point.trial == p["trial"])
+            if s.execute(clash).first() is not None:
+                raise UserError(
+                    f"run {run_id} already has a level at concurrency {p['concurrency']}, trial {p['trial']}"
+                )
+            point_id = self._insert_point(s, run.id, p)
+            if records:
+                rows = [_record_row(r, run.id, point_id, p["trial"]) for r in records]
+                s.execute(insert(Request), rows)
+            s.execute(update(Run).where(Run.id == run.id).values(updated_at=_utcnow()))
+            return point_id
+
+    @staticmethod
+    def _insert_point(s: Session, run_id: int, p: dict) -> int:
+        values = {k: p[k] for k in _POINT_SCALARS}
+        for key, col in zip(("median", "p90", "p99"), INTERACTIVITY_COLUMNS, strict=True):
+            values[col] = p["interactivity"][key]
+        for metric in runjson.LATENCY_METRICS:
+            for stat, v in p[metric].items():
+                values[stat_column(metric, stat)] = v
+        values.update(run_id=run_id, created_at=_utcnow())
+        return s.execute(insert(Point).values(**values).returning(Point.id)).scalar_one()
+
+    def finish_run(self, run_id: int, status: str) -> None:
+        """Mark a run complete, partial (interrupted, finished levels kept) or failed."""
+        if status not in ("complete", "partial", "failed"):
+            raise UserError(f"finish_run: status must be complete, partial or failed, not {status!r}")
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            now = _utcnow()
+            s.execute(update(Run).where(Run.id == run.id).values(status=status, finished_at=now, updated_at=now))
+
+    def import_run(self, doc: dict) -> int:
+        """Store a k2bench.run/1 document as a new run, all or nothing; returns the new id."""
+        doc = runjson.validate_doc(doc)
+        by_level: dict[tuple[int, int], list[dict]] = {}
+        for r in doc.get("requests") or []:
+            by_level.setdefault((r["concurrency"], r["trial"]), []).append(r)
+        with self._writer() as s:
+            row = self._new_run(doc["run"])
+            s.add(row)
+            s.flush()
+            for p in doc["points"]:
+                point_id = self._insert_point(s, row.id, p)
+                reqs = by_level.get((p["concurrency"], p["trial"]))
+                if reqs:
+                    s.execute(insert(Request), [_json_request_row(r, row.id, point_id) for r in reqs])
+            return row.id
+
+    def delete_run(self, run_id: int) -> None:
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            s.execute(delete(Request).where(Request.run_id == run.id))
+            s.execute(delete(Point).where(Point.run_id == run.id))
+            s.execute(delete(Run).where(Run.id == run.id))
+
+    def replace_change_points(self, fingerprint: str, branch: str, rows: list[dict]) -> None:
+        """Replace every stored change point of one (fingerprint, branch) series at once."""
+        allowed = {"metric", "concurrency", "run_id", "commit", "detected_at", "mean_before", "mean_after",
+                   "rel_change", "p_value"}
+        clean = []
+        for i, r in enumerate(rows):
+            unknown = set(r) - allowed
+            if unknown:
+                raise UserError(f"change point {i}: unknown field {sorted(unknown)[0]!r}")
+            row = {k: r.get(k) for k in allowed}
+            det = row["detected_at"]
+            if isinstance(det, str):
+                row["detected_at"] = _to_db_time(det)
+            elif isinstance(det, datetime) and det.tzinfo is not None:
+                row["detected_at"] = det.astimezone(timezone.utc).replace(tzinfo=None)
+            row.update(fingerprint=fingerprint, branch=branch)
+            clean.append(row)
+        with self._writer() as s:
+            s.execute(delete(ChangePoint).where(ChangePoint.fingerprint == fingerprint,
+                                                ChangePoint.branch == branch))
+            if clean:
+                s.execute(insert(ChangePoint), clean)
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def _require_run(s: Session, run_id) -> Run:
+        rid = _as_run_id(run_id)
+        run = s.get(Run, rid) if rid is not None else None
+        if run is None:
+            raise UserError(f"no run with id {run_id!r} in this database (see `k2bench runs`)")
+        return run
+
+    def get_run(self, run_id: int) -> dict:
+        """The run's metadata (the "run" object of the JSON) plus levels and effective_status."""
+        with self._read() as s:
+            run = self._require_run(s, run_id)
+            levels = s.execute(select(func.count()).select_from(Point).where(Point.run_id == run.id)).scalar()
+            return _run_dict(run, levels)
+
+    def list_runs(self, **filters) -> list[dict]:
+        """Runs newest first. Filters: engine, model, hardware, branch, commit (prefix), fingerprint,
+        status (stored status), workload, limit."""
+        unknown = set(filters) - set(RUN_FILTERS)
+        if unknown:
+            raise UserError(f"list_runs: unknown filter {sorted(unknown)[0]!r} (known: {', '.join(RUN_FILTERS)})")
+        levels = (select(Point.run_id, func.count().label("n")).group_by(Point.run_id)).subquery()
+        q = select(Run, func.coalesce(levels.c.n, 0)).outerjoin(levels, levels.c.run_id == Run.id)
+        q = _apply_run_filters(q, filters).order_by(Run.started_at.desc(), Run.id.desc())
+        if filters.get("limit"):
+            q = q.limit(int(filters["limit"]))
+        with self._read() as s:
+            return [_run_dict(run, n) for run, n in s.execute(q).all()]
+
+    def export_run(self, run_id: int, include_requests: bool = False) -> dict:
+        """The run as a k2bench.run/1 document (points ordered by concurrency, trial)."""
+        with self._read() as s:
+            run = self._require_run(s, run_id)
+            points = s.execute(
+                select(Point).where(Point.run_id == run.id).order_by(Point.concurrency, Point.trial)
+            ).scalars().all()
+            run_obj = {k: v for k, v in _run_dict(run, len(points)).items() if k in runjson.RUN_FIELDS}
+            doc = runjson.build_doc(run_obj, [_point_dict(p) for p in points])
+            if include_requests:
+                reqs = s.execute(
+                    select(Request).where(Request.run_id == run.id)
+                    .order_by(Request.concurrency, Request.trial, Request.idx, Request.id)
+                ).scalars().all()
+                doc["requests"] = [_request_json(r) for r in reqs]
+            return doc
+
+    def load_records(self, run_id: int, concurrency: int | None = None, trial: int | None = None,
+                     include_warmup: bool = False) -> list[RequestRecord]:
+        """Stored raw records as RequestRecord objects (e.g. to re-summarise a level)."""
+        return [rec for _, rec in self._records(run_id, concurrency, trial, include_warmup)]
+
+    def _records(self, run_id, concurrency, trial, include_warmup) -> list[tuple[Request, RequestRecord]]:
+        with self._read() as s:
+            run = self._require_run(s, run_id)
+            q = select(Request).where(Request.run_id == run.id)
+            if concurrency is not None:
+                q = q.where(Request.concurrency == concurrency)
+            if trial is not None:
+                q = q.where(Request.trial == trial)
+            if not include_warmup:
+                q = q.where(Request.warmup.is_(False))
+            rows = s.execute(q.order_by(Request.concurrency, Request.trial, Request.idx, Request.id)).scalars().all()
+            return [(r, _row_record(r)) for r in rows]
+
+
+def _as_run_id(run_id) -> int | None:
+    if isinstance(run_id, bool):
+        return None
+    if isinstance(run_id, int):
+        return run_id
+    if isinstance(run_id, str) and run_id.strip().isdigit():
+        return int(run_id.strip())
+    return None
+
+
+def _apply_run_filters(q, filters: dict):
+    for key in ("engine", "model", "hardware", "branch", "fingerprint", "status", "workload"):
+        if filters.get(key) is not None:
+            q = q.where(getattr(Run, key) == filters[key])
+    if filters.get("commit"):
+        q = q.where(Run.commit.startswith(filters["commit"], autoescape=True))
+    return q
+
+
+def _run_dict(run: Run, levels: int) -> dict:
+    out: dict = {"id": run.id}
+    for key in runjson.RUN_FIELDS:
+        if key in ("started_at", "finished_at"):
+            out[key] = _from_db_time(getattr(run, key))
+        elif key != "id":
+            out[key] = getattr(run, key)
+    out["levels"] = levels
+    out["effective_status"] = effective_status(run)
+    return out
+
+
+def _point_dict(p: Point) -> dict:
+    out = {k: getattr(p, k) for k in _POINT_SCALARS}
+    if out["extra"] is None:  # optional free-form field: absent unless used
+        del out["extra"]
+    out["interactivity"] = {k: getattr(p, c) for k, c in zip(("median", "p90", "p99"), INTERACTIVITY_COLUMNS, strict=True)}
+    for metric in runjson.LATENCY_METRICS:
+        out[metric] = {stat: getattr(p, stat_column(metric, stat)) for stat in runjson.STAT_KEYS}
+    return out
+
+
+def _record_row(r: RequestRecord, run_id: int, point_id: int, trial: int) -> dict:
+    return {
+        "point_id": point_id, "run_id": run_id, "concurrency": r.concurrency, "trial": trial, "idx": r.index,
+        "warmup": bool(r.warmup), "requested_input_tokens": r.requested_input_tokens,
+        "requested_output_tokens": r.requested_output_tokens, "send_ns": r.send_ns, "end_ns": r.end_ns,
+        "n_tokens": len(r.token_ns), "token_deltas": encode_stamps(r.send_ns, r.token_ns),
+        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "success": bool(r.success),
+        "error": r.error,
+    }
+
+
+def _json_request_row(r: dict, run_id: int, point_id: int) -> dict:
+    token_ns, t = [], r["send_ns"]
+    for d in r["token_delta_ns"]:
+        t += d
+        token_ns.append(t)
+    rec = RequestRecord(
+        index=r["index"], concurrency=r["concurrency"], warmup=r["warmup"],
+        requested_input_tokens=r["requested_input_tokens"], requested_output_tokens=r["requested_output_tokens"],
+        send_ns=r["send_ns"], token_ns=token_ns, end_ns=r["end_ns"], prompt_tokens=r["prompt_tokens"],
+        output_tokens=r["output_tokens"], success=r["success"], error=r["error"],
+    )
+    return _record_row(rec, run_id, point_id, r["trial"])
+
+
+def _row_record(r: Request) -> RequestRecord:
+    return RequestRecord(
+        index=r.idx, concurrency=r.concurrency, warmup=r.warmup, requested_input_tokens=r.requested_input_tokens,
+        requested_output_tokens=r.requested_output_tokens, send_ns=r.send_ns,
+        token_ns=decode_stamps(r.send_ns, r.token_deltas), end_ns=r.end_ns, prompt_tokens=r.prompt_tokens,
+        output_tokens=r.output_tokens, success=r.success, error=r.error,
+    )
+
+
+def _request_json(r: Request) -> dict:
+    return {
+        "concurrency": r.concurrency, "trial": r.trial, "index": r.idx, "warmup": r.warmup,
+        "requested_input_tokens": r.requested_input_tokens, "requested_output_tokens": r.requested_output_tokens,
+        "send_ns": r.send_ns, "end_ns": r.end_ns, "token_delta_ns": decode_deltas(r.token_deltas).tolist(),
+        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "success": r.success,
+        "error": r.error,
+    }
