@@ -1,0 +1,287 @@
+"""Closed-loop load generator: exactly N streaming requests in flight, every SSE message stamped.
+
+The numbers are only as good as the clock, so the hot path does as little as possible: the
+request bodies are serialised before the level starts, the response is read chunk by chunk
+straight off the connection, each chunk is stamped with ``time.monotonic_ns()`` the moment it is
+handed over, and the SSE framing is split with bytes operations. JSON is parsed only after the
+stream has ended. One ``aiohttp.ClientSession`` with no connection cap serves the whole level,
+and its connections are reused (warmup opens them), so a request's clock does not include a
+TCP handshake.
+
+A message "carries a token" when its first choice has non-empty ``text`` (completions),
+non-empty ``delta.content`` (chat), or non-empty ``token_ids``. Messages that carry several
+tokens count as one arrival (one ITL gap); ``usage.completion_tokens`` is the output length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+from k2bench.harness.errors import ServerError
+from k2bench.harness.records import RequestRecord
+
+try:  # optional, faster; the stdlib parser gives the same answers
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
+ERRORS_KEPT = 400  # characters of a server's error body kept in a record
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request of a workload: the prompt (token ids or text) and the lengths asked for."""
+
+    input_len: int
+    output_len: int
+    token_ids: list[int] | None = None
+    text: str | None = None
+
+    @property
+    def prompt(self) -> list[int] | str:
+        return self.token_ids if self.token_ids is not None else (self.text or "")
+
+
+@dataclass
+class LevelSpec:
+    """What one concurrency level sends: the defaults are InferenceX's."""
+
+    base_url: str
+    model: str
+    concurrency: int
+    num_prompts: int
+    num_warmup: int
+    timeout_s: float = 1800.0
+    extra_body: dict = field(default_factory=dict)
+
+
+def normalize_base_url(url: str) -> str:
+    """Accept ``http://h:p``, ``http://h:p/`` or ``http://h:p/v1``; return the server root."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def request_body(model: str, prompt: Prompt, extra: dict | None = None) -> bytes:
+    body = {
+        "model": model,
+        "prompt": prompt.prompt,
+        "max_tokens": prompt.output_len,
+        "min_tokens": prompt.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    body.update(extra or {})
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def _on_body_sent(session: aiohttp.ClientSession, ctx, params: aiohttp.TraceRequestChunkSentParams) -> None:
+    rec = ctx.trace_request_ctx
+    if rec is not None:
+        rec.send_ns = time.monotonic_ns()
+
+
+def make_session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=3600,
+                                     enable_cleanup_closed=False)
+    # The request's clock starts when its body has been handed to the socket, not when the
+    # coroutine asked to send it: with N requests issued at once (every wave of a closed loop),
+    # the gap between the two is the client's own queueing, which must not count as TTFT.
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_sent)
+    return aiohttp.ClientSession(
+        connector=connector,
+        trace_configs=[trace],
+        read_bufsize=READ_BUFSIZE,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 30.0)),
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}"[:ERRORS_KEPT]
+
+
+async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord,
+                     timeout_s: float) -> RequestRecord:
+    """Send one streaming request and fill ``rec``; never raises for a failed request."""
+    stamps: list[int] = []
+    messages: list[bytes] = []
+    failure: str | None = None
+    now = time.monotonic_ns
+    rec.send_ns = now()  # replaced by the moment the body was written (see make_session)
+    try:
+        async with session.post(url, data=body, trace_request_ctx=rec) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace")).strip()
+                rec.end_ns = now()
+                rec.error = f"HTTP {resp.status} {resp.reason}: {text}"[:ERRORS_KEPT]
+                return rec
+            content = resp.content
+            tail = b""
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                t = now()
+                if tail:
+                    chunk = tail + chunk
+                if b"\r" in chunk:
+                    chunk = chunk.replace(b"\r\n", b"\n")
+                if b"\n\n" not in chunk:
+                    tail = chunk
+                    continue
+                parts = chunk.split(b"\n\n")
+                tail = parts.pop()
+                messages.extend(parts)
+                stamps.extend([t] * len(parts))
+            if tail.strip():
+                messages.append(tail)
+                stamps.append(now())
+    except asyncio.TimeoutError:
+        failure = f"timed out after {timeout_s:g} s (per-request --timeout)"
+    except aiohttp.ClientPayloadError as exc:
+        failure = f"stream ended early: connection closed mid-response ({_describe(exc)})"
+    except aiohttp.ClientConnectorError as exc:
+        failure = f"cannot connect: {_describe(exc)}"
+    except (aiohttp.ClientError, OSError) as exc:
+        failure = _describe(exc)
+    rec.end_ns = now()
+    _digest(rec, stamps, messages, failure)
+    return rec
+
+
+def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failure: str | None) -> None:
+    """Turn raw (stamp, SSE message) pairs into the record's token stamps, usage and verdict."""
+    done = False
+    error = failure
+    token_ns = rec.token_ns
+    for stamp, msg in zip(stamps, messages, strict=True):
+        for line in msg.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # SSE comments, event names, ids
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            try:
+                obj = _loads(data)
+            except ValueError:
+                error = error or f"unparseable SSE message: {data[:200]!r}"
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if obj.get("error") is not None or obj.get("object") == "error":
+                err = obj.get("error", obj)
+                msg_text = err.get("message", err) if isinstance(err, dict) else err
+                error = error or f"server error in stream: {msg_text}"[:ERRORS_KEPT]
+                continue
+            choices = obj.get("choices")
+            if choices:
+                c = choices[0]
+                delta = c.get("delta")
+                if c.get("text") or c.get("token_ids") or (delta and delta.get("content")):
+                    token_ns.append(stamp)
+            usage = obj.get("usage")
+            if usage:
+                rec.prompt_tokens = usage.get("prompt_tokens")
+                rec.output_tokens = usage.get("completion_tokens")
+    if error is None and not done:
+        error = f"stream ended early: no [DONE] after {len(token_ns)} token messages"
+    if error is None and rec.output_tokens is None:
+        error = "server sent no usage.completion_tokens (does it honour stream_options.include_usage?)"
+    if error is None and not token_ns:
+        error = "stream carried no tokens"
+    rec.error = error
+    rec.success = error is None
+    if error is not None and failure is not None and token_ns:
+        rec.error = f"{error} (after {len(token_ns)} token messages)"[:ERRORS_KEPT]
+
+
+async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[tuple[bytes, RequestRecord]],
+                       concurrency: int, timeout_s: float,
+                       on_done: Callable[[RequestRecord], None] | None) -> None:
+    queue = iter(work)
+
+    async def worker() -> None:
+        for body, rec in queue:  # the shared iterator hands each request to exactly one worker
+            await stream_one(session, url, body, rec, timeout_s)
+            if on_done is not None:
+                on_done(rec)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(work)))))
+
+
+async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
+                    on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+    """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
+
+    Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
+    Prompts are used in order and reused cyclically if there are fewer than requests.
+    """
+    if not prompts:
+        raise ValueError("no prompts")
+    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    total = spec.num_warmup + spec.num_prompts
+    work: list[tuple[bytes, RequestRecord]] = []
+    for i in range(total):
+        p = prompts[i % len(prompts)]
+        rec = RequestRecord(index=i, concurrency=spec.concurrency, warmup=i < spec.num_warmup,
+                            requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0)
+        work.append((request_body(spec.model, p, spec.extra_body), rec))
+    warm, measured = work[: spec.num_warmup], work[spec.num_warmup:]
+    gc.collect()
+    gc.disable()  # a collection pause would land in somebody's TTFT
+    try:
+        async with make_session(spec.concurrency, spec.timeout_s) as session:
+            if warm:
+                await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done)
+                if not any(r.success for _, r in warm):
+                    raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
+            await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done)
+    finally:
+        gc.enable()
+    return [rec for _, rec in work]
+
+
+async def probe(base_url: str, timeout_s: float = 10.0) -> list[str]:
+    """Check the server answers ``/v1/models``; return the model ids it serves."""
+    root = normalize_base_url(base_url)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+            async with s.get(root + "/v1/models") as resp:
+                text = await resp.text(errors="replace")
+                if resp.status != 200:
+                    raise ServerError(f"{root}/v1/models answered HTTP {resp.status}: {text.strip()[:300]}")
+    except aiohttp.ClientConnectorError as exc:
+        raise ServerError(f"cannot reach the server at {root}: {exc.os_error or exc}") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ServerError(f"no usable answer from {root}/v1/models: {_describe(exc)}") from None
+    try:
+        return [m["id"] for m in json.loads(text).get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ServerError(f"{root}/v1/models did not return an OpenAI model list: {text[:200]}") from None
+
+
+def level_failure(records: Sequence[RequestRecord]) -> str | None:
+    """A one-line reason when no measured request of a level succeeded, else None."""
+    measured = [r for r in records if not r.warmup]
+    if measured and not any(r.success for r in measured):
+        return f"all {len(measured)} requests failed; first error: {measured[0].error}"
+    return None

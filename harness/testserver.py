@@ -1,0 +1,238 @@
+"""A controllable OpenAI-compatible streaming server with known timing, for tests and benchmarks.
+
+Every number it produces is set on the command line, so a measurement of it can be checked
+against the truth: the first token leaves ``ttft_ms`` (plus an optional per-prompt-token
+prefill time) after the request arrived, and each later message ``itl_ms`` after the previous
+one. Deadlines are absolute (request arrival + offset), so a late wake-up does not push every
+later token back. Failure modes (400s, streams that end early, a wrong usage count, a slow
+start) let tests check that the load generator reports them.
+
+    python -m k2bench.harness.testserver --port 8000 --ttft-ms 200 --itl-ms 20
+
+Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import zlib
+from dataclasses import dataclass
+
+from aiohttp import web
+
+VOCAB_SIZE = 32000
+
+
+@dataclass
+class ServerConfig:
+    model: str = "k2bench-test"
+    ttft_ms: float = 200.0
+    itl_ms: float = 20.0
+    tokens_per_message: int = 1
+    prefill_us_per_token: float = 0.0  # added to TTFT for each prompt token
+    fail_status: int = 0  # answer every completion with this HTTP status (0: never)
+    fail_every: int = 1  # with fail_status: fail only every k-th request
+    end_early_after: int = 0  # close the stream without [DONE] after this many tokens (0: never)
+    completion_tokens_delta: int = 0  # report usage.completion_tokens off by this much
+    start_delay_s: float = 0.0  # /health and /v1/models answer 503 until this long after start
+    max_model_len: int = 1 << 20
+
+
+def _tokenize(text: str) -> list[int]:
+    ids = []
+    for word in text.split():
+        if word[:1] == "t" and word[1:].isdigit():
+            ids.append(int(word[1:]) % VOCAB_SIZE)
+        else:
+            ids.append(zlib.crc32(word.encode()) % VOCAB_SIZE)
+    return ids
+
+
+def _detokenize(ids: list[int]) -> str:
+    return " ".join(f"t{int(i)}" for i in ids)
+
+
+def _prompt_ids(prompt: object) -> list[int]:
+    if isinstance(prompt, str):
+        return _tokenize(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+        return _prompt_ids(prompt[0])
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    raise ValueError("prompt must be a string, a list of token ids, or a one-element batch of either")
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": "BadRequestError", "code": status}
+    return web.json_response(body, status=status)
+
+
+class TestServer:
+    """The aiohttp application and its counters (requests seen, currently streaming)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.started = time.monotonic()
+        self.requests = 0
+        self.active = 0
+        self.max_active = 0
+        self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/stats", self.stats)
+        return app
+
+    def _ready(self) -> bool:
+        return time.monotonic() - self.started >= self.config.start_delay_s
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok") if self._ready() else web.Response(status=503, text="starting")
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self._ready():
+            return web.Response(status=503, text="starting")
+        model = {"id": self.config.model, "object": "model", "owned_by": "k2bench",
+                 "max_model_len": self.config.max_model_len}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        late = sorted(self.late_ms)
+
+        def q(f: float) -> float | None:
+            return round(late[min(len(late) - 1, int(f * len(late)))], 3) if late else None
+
+        return web.json_response({"requests": self.requests, "active": self.active, "max_active": self.max_active,
+                                  "late_p50_ms": q(0.5), "late_p99_ms": q(0.99), "late_max_ms": q(1.0)})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = _prompt_ids(body.get("prompt", ""))
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.config.max_model_len})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"prompt": _detokenize(body.get("tokens", []))})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        cfg = self.config
+        self.requests += 1
+        n = self.requests
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error(400, "request body is not JSON")
+        if cfg.fail_status and n % max(cfg.fail_every, 1) == 0:
+            return _error(cfg.fail_status, f"test server configured to fail request {n}")
+        try:
+            prompt = _prompt_ids(body.get("prompt"))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        max_tokens = body.get("max_tokens")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error(400, "max_tokens must be a positive integer")
+        if len(prompt) + max_tokens > cfg.max_model_len:
+            return _error(400, f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
+                               f"max_model_len {cfg.max_model_len}")
+        if not body.get("stream"):
+            return _error(400, "this test server only streams (set stream=true)")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await self._stream(resp, request.transport, arrived, len(prompt), max_tokens, include_usage, n)
+        finally:
+            self.active -= 1
+        return resp
+
+    async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float, prompt_len: int, max_tokens: int,
+                      include_usage: bool, n: int) -> None:
+        cfg = self.config
+        first = arrived + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        gap = cfg.itl_ms / 1e3
+        k = max(cfg.tokens_per_message, 1)
+        head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
+        sent = 0
+        message = 0
+        late_ms = self.late_ms
+        while sent < max_tokens:
+            count = min(k, max_tokens - sent)
+            if cfg.end_early_after and sent + count > cfg.end_early_after:
+                await asyncio.sleep(max(0.0, first + message * gap - time.monotonic()))
+                if transport is not None:  # drop the connection mid-stream: no [DONE], no usage
+                    transport.close()
+                return
+            due = first + message * gap
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(late_ms) < 1_000_000:
+                late_ms.append((time.monotonic() - due) * 1e3)
+            text = "".join(f" t{(n * 7919 + sent + i) % VOCAB_SIZE}" for i in range(count))
+            sent += count
+            message += 1
+            finish = '"length"' if sent == max_tokens else "null"
+            await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
+        if include_usage:
+            completion = max(max_tokens + cfg.completion_tokens_delta, 0)
+            usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
+                     "total_tokens": prompt_len + completion}
+            tail = {"id": f"cmpl-{n}", "object": "text_completion", "created": 0, "model": cfg.model,
+                    "choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m k2bench.harness.testserver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default=ServerConfig.model)
+    p.add_argument("--ttft-ms", type=float, default=ServerConfig.ttft_ms)
+    p.add_argument("--itl-ms", type=float, default=ServerConfig.itl_ms, help="gap between messages")
+    p.add_argument("--tokens-per-message", type=int, default=ServerConfig.tokens_per_message)
+    p.add_argument("--prefill-us-per-token", type=float, default=ServerConfig.prefill_us_per_token)
+    p.add_argument("--fail-status", type=int, default=0, help="answer completions with this HTTP status")
+    p.add_argument("--fail-every", type=int, default=1, help="with --fail-status: only every k-th request")
+    p.add_argument("--end-early-after", type=int, default=0, help="drop the stream after this many tokens")
+    p.add_argument("--completion-tokens-delta", type=int, default=0, help="misreport usage by this much")
+    p.add_argument("--start-delay-s", type=float, default=0.0, help="stay unready this long")
+    p.add_argument("--max-model-len", type=int, default=ServerConfig.max_model_len)
+    p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens_per_message=args.tokens_per_message,
+        prefill_us_per_token=args.prefill_us_per_token, fail_status=args.fail_status, fail_every=args.fail_every,
+        end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
+        start_delay_s=args.start_delay_s, max_model_len=args.max_model_len,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    server = TestServer(config_from_args(args))
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None,
+                handle_signals=True, backlog=4096)
+
+
+if __name__ == "__main__":
+    main()
