@@ -1,0 +1,50 @@
+"""Kernel backends, registered by name and imported lazily.
+
+A backend is an object with the ops the model calls:
+- `linear(x, weight, weight_scale, *, a4w4)`: y = x W^T; `weight_scale is None` means a float weight,
+  otherwise `weight` is packed MXFP4 [N, K/2] with E8M0 scales [N, K/32].
+- `fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4)`: routed experts,
+  SiLU-gated, weighted sum over the chosen experts (no all-reduce).
+- `mla_attention(q_lat, q_pe, kv_cache, meta, scale, kv_lora_rank)`: attention of the new tokens over
+  the paged latent cache (absorbed MLA form), returns the latent output [T, H, kv_lora_rank].
+
+`auto` picks the torch backend on every device until a faster backend has been validated there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> "module:Class"; modules are imported only when the backend is asked for.
+BACKENDS: dict[str, str] = {
+    "torch": "k2bench.engine.kernels.torch_backend:TorchBackend",
+    "triton": "k2bench.engine.kernels.triton_backend:TritonBackend",
+    "aiter": "k2bench.engine.kernels.aiter_backend:AiterBackend",
+}
+
+
+class BackendError(ValueError):
+    """An unknown or unusable backend name."""
+
+
+def backend_names() -> list[str]:
+    return ["auto", *BACKENDS]
+
+
+def resolve_backend_name(name: str, device: str) -> str:
+    if name == "auto":
+        return "torch"
+    if name not in BACKENDS:
+        raise BackendError(f"unknown kernel backend {name!r}; valid: {', '.join(backend_names())}")
+    return name
+
+
+def get_backend(name: str = "auto", device: str = "cpu") -> Any:
+    resolved = resolve_backend_name(name, device)
+    module_name, _, cls_name = BACKENDS[resolved].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendError(f"kernel backend {resolved!r} is not available here: {exc}") from exc
+    return getattr(module, cls_name)(device)

@@ -1,0 +1,97 @@
+"""DeepSeek-V3 / Kimi-K2 decoder: embed -> [MLA + (dense MLP | MoE)] x L -> norm -> lm_head.
+
+Call contract (shared with the runtime; see engine/README.md):
+    hidden = model(input_ids [T], positions [T], meta, kv_caches)   # -> [T, hidden]
+    logits = model.compute_logits(hidden[idx])                       # -> [n, vocab] float32
+The embedding and lm_head are replicated on every rank, so logits are full-vocab everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from k2bench.engine.attn_meta import AttentionMetadata
+from k2bench.engine.config import ModelConfig
+from k2bench.engine.model.attention import MLAttention
+from k2bench.engine.model.layers import RMSNorm
+from k2bench.engine.model.moe import DenseMLP, MoE
+from k2bench.engine.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+from torch import nn
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, par: Parallel, idx: int) -> None:
+        super().__init__()
+        prefix = f"{cfg.model_prefix}.layers.{idx}"
+        self.prefix = prefix
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        self.self_attn = MLAttention(cfg, par, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        if cfg.is_moe_layer(idx):
+            self.mlp: nn.Module = MoE(cfg, par, f"{prefix}.mlp")
+        else:
+            if cfg.intermediate_size % par.size:
+                raise ValueError(f"intermediate_size {cfg.intermediate_size} is not divisible by tp={par.size}")
+            self.mlp = DenseMLP(cfg, par, f"{prefix}.mlp", cfg.intermediate_size, reduce=True)
+
+    def specs(self) -> Iterator[TensorSpec]:
+        yield from self.input_layernorm.specs(f"{self.prefix}.input_layernorm")
+        yield from self.self_attn.specs()
+        yield from self.post_attention_layernorm.specs(f"{self.prefix}.post_attention_layernorm")
+        yield from self.mlp.specs()
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, par: Parallel) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.par = par
+        self.embed_tokens = replicated_param((cfg.vocab_size, cfg.hidden_size), par.dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, par, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        q = cfg.quant
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(
+                cfg.hidden_size, cfg.vocab_size, par,
+                quantized=q is not None and q.is_quantized(cfg.lm_head_name), name="lm_head",
+            )
+        )
+
+    def checkpoint_specs(self) -> Iterator[TensorSpec]:
+        """Every tensor the checkpoint must provide, by its checkpoint name, with its full shape."""
+        p = self.cfg.model_prefix
+        yield float_spec(f"{p}.embed_tokens.weight", self.embed_tokens)
+        for layer in self.layers:
+            yield from layer.specs()
+        yield from self.norm.specs(f"{p}.norm")
+        if self.lm_head is not None:
+            yield from self.lm_head.specs(self.cfg.lm_head_name)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, meta, cache)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens).float()
+        return self.lm_head(hidden).float()

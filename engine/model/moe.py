@@ -1,0 +1,174 @@
+"""Dense MLP, the DeepSeek-V3 router (sigmoid + correction bias, group-limited top-k) and the MoE block.
+
+TP: the dense MLP and every expert are split on their intermediate dimension (gate/up column
+parallel, down row parallel); the MoE block sums routed experts and shared experts locally and
+does a single all-reduce. The router is replicated and runs in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from k2bench.engine.config import ModelConfig
+from k2bench.engine.mxfp4 import BLOCK
+from k2bench.engine.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+from torch import nn
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str, intermediate: int, *, reduce: bool) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.par = par
+        self.reduce = reduce
+        q = cfg.quant
+        quant = q is not None and q.is_quantized(f"{prefix}.gate_proj")
+        if q is not None and quant != q.is_quantized(f"{prefix}.up_proj"):
+            raise ValueError(f"{prefix}: gate_proj and up_proj must share one quantisation scheme")
+        self.gate_up = Linear(
+            cfg.hidden_size, 2 * intermediate, par, tp_dim=0, quantized=quant,
+            out_splits=(intermediate, intermediate), name=f"{prefix}.gate_up",
+        )
+        self.down = Linear(
+            intermediate, cfg.hidden_size, par, tp_dim=1,
+            quantized=q is not None and q.is_quantized(f"{prefix}.down_proj"), name=f"{prefix}.down_proj",
+        )
+
+    def specs(self) -> Iterator[TensorSpec]:
+        yield from self.gate_up.specs(f"{self.prefix}.gate_proj", 0)
+        yield from self.gate_up.specs(f"{self.prefix}.up_proj", 1)
+        yield from self.down.specs(f"{self.prefix}.down_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        y = self.down(F.silu(gate) * up)
+        return self.par.all_reduce(y) if self.reduce else y
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.prefix = prefix
+        self.weight = replicated_param((cfg.n_routed_experts, cfg.hidden_size), torch.float32)
+        self.e_score_correction_bias = replicated_param((cfg.n_routed_experts,), torch.float32)
+
+    def specs(self) -> Iterator[TensorSpec]:
+        yield float_spec(f"{self.prefix}.weight", self.weight)
+        yield float_spec(f"{self.prefix}.e_score_correction_bias", self.e_score_correction_bias)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (topk_weights float32 [T, k], topk_ids int64 [T, k])."""
+        cfg = self.cfg
+        scores = F.linear(x.float(), self.weight).sigmoid()
+        choice = scores + self.e_score_correction_bias  # the bias steers selection only
+        T, E = choice.shape
+        if cfg.n_group > 1:
+            grouped = choice.view(T, cfg.n_group, E // cfg.n_group)
+            group_score = grouped.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)
+            keep = group_score.topk(cfg.topk_group, dim=-1).indices
+            mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, keep, True)
+            choice = choice.masked_fill(~mask.repeat_interleave(E // cfg.n_group, dim=1), float("-inf"))
+        ids = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * cfg.routed_scaling_factor, ids
+
+
+class Experts(nn.Module):
+    """All routed experts of a layer, stacked: w13 [E, 2*I/tp, H] (gate rows then up rows), w2 [E, H, I/tp]."""
+
+    def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.par = par
+        E, H, inter = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        if inter % par.size:
+            raise ValueError(f"moe_intermediate_size {inter} is not divisible by tp={par.size}")
+        self.E, self.H, self.inter, self.local = E, H, inter, inter // par.size
+        q = cfg.quant
+        self.quantized = q is not None and q.is_quantized(f"{prefix}.0.gate_proj")
+        if q is not None and not all(
+            q.is_quantized(f"{prefix}.0.{n}") == self.quantized for n in ("up_proj", "down_proj")
+        ):
+            raise ValueError(f"{prefix}: gate/up/down projections must share one quantisation scheme")
+        L = self.local
+        if self.quantized:
+            if L % BLOCK:
+                raise ValueError(
+                    f"{prefix}: MXFP4 experts need moe_intermediate_size/tp ({L}) to be a multiple of {BLOCK}"
+                )
+            self.w13 = replicated_param((E, 2 * L, H // 2), torch.uint8)
+            self.w13_scale = replicated_param((E, 2 * L, H // BLOCK), torch.uint8)
+            self.w2 = replicated_param((E, H, L // 2), torch.uint8)
+            self.w2_scale = replicated_param((E, H, L // BLOCK), torch.uint8)
+        else:
+            self.w13 = replicated_param((E, 2 * L, H), par.dtype)
+            self.w2 = replicated_param((E, H, L), par.dtype)
+            self.w13_scale = self.w2_scale = None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert: int, which: str) -> None:
+        """Place expert `expert`'s gate/up/down tensor (full) into this rank's slice of the stack."""
+        r = self.par.rank
+        if which in ("gate", "up"):
+            L = param.shape[1] // 2
+            src = loaded.narrow(0, r * L, L)
+            dst = param.data[expert].narrow(0, 0 if which == "gate" else L, L)
+        else:
+            cols = param.shape[2]
+            src = loaded.narrow(1, r * cols, cols)
+            dst = param.data[expert]
+        if src.shape != dst.shape:
+            raise ValueError(f"shard shape {tuple(src.shape)} != {tuple(dst.shape)}")
+        dst.copy_(src if param.dtype == torch.uint8 else src.to(param.dtype))
+
+    def specs(self) -> Iterator[TensorSpec]:
+        H, inter = self.H, self.inter
+        for e in range(self.E):
+            for which, shape in (("gate", (inter, H)), ("up", (inter, H)), ("down", (H, inter))):
+                name = f"{self.prefix}.{e}.{which}_proj"
+                w, s = (self.w2, self.w2_scale) if which == "down" else (self.w13, self.w13_scale)
+                if self.quantized:
+                    yield TensorSpec(f"{name}.weight", (shape[0], shape[1] // 2), "uint8", w,
+                                     self._bind(w, e, which))
+                    yield TensorSpec(f"{name}.weight_scale", (shape[0], shape[1] // BLOCK), "uint8", s,
+                                     self._bind(s, e, which))
+                else:
+                    yield TensorSpec(f"{name}.weight", shape, "float", w, self._bind(w, e, which))
+
+    def _bind(self, param: nn.Parameter, e: int, which: str):
+        return lambda t: self.weight_loader(param, t, e, which)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.par.backend.fused_moe(
+            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4
+        )
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
+        super().__init__()
+        self.par = par
+        self.gate = Router(cfg, f"{prefix}.gate")
+        self.experts = Experts(cfg, par, f"{prefix}.experts")
+        self.shared_experts = (
+            DenseMLP(cfg, par, f"{prefix}.shared_experts", cfg.moe_intermediate_size * cfg.n_shared_experts, reduce=False)
+            if cfg.n_shared_experts
+            else None
+        )
+
+    def specs(self) -> Iterator[TensorSpec]:
+        yield from self.gate.specs()
+        yield from self.experts.specs()
+        if self.shared_experts is not None:
+            yield from self.shared_experts.specs()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        y = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return self.par.all_reduce(y)
