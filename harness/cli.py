@@ -16,7 +16,8 @@ COMMAND_MODULES = (
     "runs",  # k2bench runs / show / export / import
     "regress",  # k2bench regress / changepoints
     "dashboard",  # k2bench dashboard
-    "serve",  # k2bench serve / engine tiny (thin doors into k2bench.engine, imported lazily)
+    "serve",  # k2bench serve (thin door into k2bench.engine, imported lazily)
+    "engine",  # k2bench engine tiny (writes the tiny checkpoint; engine imported lazily)
 )
 
 
