@@ -1,0 +1,199 @@
+"""Start a server from a recipe, wait until it serves, and always stop its whole process group.
+
+The server runs in a new session (its own process group), so stopping it also stops the
+workers it spawned (tensor-parallel ranks, tokenizer processes). Its output goes to a log file
+beside the run (results/logs/ by default); when it dies or does not become ready in time, the
+error shows the log's last lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+from k2bench.harness import recipes
+from k2bench.harness.errors import ServerError
+
+LOG_TAIL_LINES = 25
+STOP_GRACE_S = 15.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = text.rstrip().splitlines()[-lines:]
+    return "\n".join("    " + line for line in tail) if tail else "    (log is empty)"
+
+
+def _get(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return 0
+
+
+class Server:
+    """A launched server. Use as a context manager: the process group dies on exit, always."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, host: str, port: int,
+                 log_path: Path, ready_timeout_s: float, flags: list[str] | None = None,
+                 version_argv: list[str] | None = None, name: str = "server") -> None:
+        self.argv = argv
+        self.env = dict(env or {})
+        self.host, self.port = host, port
+        self.log_path = log_path
+        self.ready_timeout_s = ready_timeout_s
+        self.flags = list(flags or [])
+        self.version_argv = version_argv
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.version: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def command(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+    def start(self) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        log.write(f"# k2bench launch {datetime.now(timezone.utc).isoformat()}: {self.command}\n".encode())
+        log.flush()
+        try:
+            self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError as exc:
+            raise ServerError(f"cannot start {self.name} ({self.argv[0]}): {exc.strerror or exc}") from None
+        finally:
+            log.close()
+        atexit.register(self.stop)
+        return self
+
+    def wait_ready(self) -> None:
+        """Poll /health, then /v1/models, until both answer 200 or the deadline passes."""
+        assert self.proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        stage = "/health"
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerError(f"{self.name} exited with code {code} before it was ready; "
+                                  f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+            if _get(self.base_url + stage, timeout=5.0) == 200:
+                if stage == "/v1/models":
+                    break
+                stage = "/v1/models"
+                continue
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(f"{self.name} was not ready ({stage} did not answer 200) within "
+                                  f"{self.ready_timeout_s:g} s; last lines of {self.log_path}:\n"
+                                  f"{log_tail(self.log_path)}")
+            time.sleep(0.25)
+        self.version = self._probe_version()
+
+    def _probe_version(self) -> str | None:
+        if self.version_argv:
+            try:
+                out = subprocess.run(self.version_argv, capture_output=True, text=True, timeout=60,
+                                     env={**os.environ, **self.env})
+                if out.returncode == 0 and out.stdout.strip():
+                    return out.stdout.strip().splitlines()[-1][:200]
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        try:  # vLLM and others answer GET /version
+            with urllib.request.urlopen(self.base_url + "/version", timeout=5) as resp:
+                import json
+
+                return str(json.loads(resp.read()).get("version"))[:200]
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def stop(self) -> None:
+        """SIGTERM the process group, wait, then SIGKILL it. Safe to call more than once."""
+        proc = self.proc
+        if proc is None:
+            return
+        self.proc = None
+        atexit.unregister(self.stop)
+        try:
+            pgid = os.getpgid(proc.pid)
+        except ProcessLookupError:
+            pgid = proc.pid
+        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_alive(pgid):
+                break
+            # the leader is gone but children of the group may linger: give them the grace, then kill
+            time.sleep(0.2)
+        proc.poll()
+
+    def __enter__(self) -> Server:
+        if self.proc is None:
+            self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
+                extra_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
+                ready_timeout_s: float | None = None) -> Server:
+    """A Server (not yet started) for recipe ``name``; its log is named by time, recipe and port."""
+    recipe = recipes.get(name)
+    port = port or free_port(host)
+    argv, flags = recipes.render(recipe, model=model, tp=tp, port=port, host=host, extra_args=extra_args)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    log_path = Path(log_dir) / f"{stamp}-{recipe.name}-{port}.log"
+    return Server(argv, env=recipe.env, host=host, port=port, log_path=log_path,
+                  ready_timeout_s=ready_timeout_s or recipe.ready_timeout_s, flags=flags,
+                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server")
