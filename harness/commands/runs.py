@@ -1,0 +1,195 @@
+"""`k2bench runs`, `show RUN`, `export RUN --json PATH`, `import FILE...`: the stored runs.
+
+Heavy imports (sqlalchemy, rich) happen inside the handlers so that `k2bench --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+DB_HELP = "database URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list stored runs, newest first",
+                       description="Stored runs, newest first. A run still marked running whose writer process "
+                                   "on this host has died is shown as partial.")
+    p.add_argument("--engine")
+    p.add_argument("--model")
+    p.add_argument("--hardware")
+    p.add_argument("--branch")
+    p.add_argument("--commit", help="commit or its prefix")
+    p.add_argument("--workload")
+    p.add_argument("--status", choices=["running", "complete", "partial", "failed"], help="stored status")
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0 = all)")
+    p.add_argument("--db", default=None, help=DB_HELP)
+    p.set_defaults(handler=_runs)
+
+    s = sub.add_parser("show", help="one run: metadata and its per-level table")
+    s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
+    s.add_argument("--db", default=None, help=DB_HELP)
+    s.set_defaults(handler=_show)
+
+    e = sub.add_parser("export", help="write a run as k2bench.run/1 JSON")
+    e.add_argument("run", metavar="RUN", help="run id")
+    e.add_argument("--json", required=True, metavar="PATH", dest="json_path", help="file to write")
+    e.add_argument("--requests", action="store_true", help="include every request's raw stamps")
+    e.add_argument("--db", default=None, help=DB_HELP)
+    e.set_defaults(handler=_export)
+
+    i = sub.add_parser("import", help="store k2bench.run/1 JSON files as new runs",
+                       description="Every file is validated before anything is written; each file is then "
+                                   "stored in one transaction (all of it or none of it).")
+    i.add_argument("files", nargs="+", metavar="FILE")
+    i.add_argument("--db", default=None, help=DB_HELP)
+    i.set_defaults(handler=_import)
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # pipes and tests: do not squeeze the tables into 80 columns
+        console = Console(width=200)
+    return console
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _date(iso: str | None) -> str:
+    return "-" if not iso else iso[:16].replace("T", " ")
+
+
+def points_table(points: list[dict], title: str | None = None) -> Table:
+    """The per-level table (also what a sweep prints at its end): one row per level and trial."""
+    from rich.table import Table
+
+    trials = len({p.get("trial", 0) for p in points}) > 1
+    mismatches = any(p.get("osl_mismatches") for p in points)
+    table = Table(title=title, title_justify="left")
+    table.add_column("conc", justify="right")
+    if trials:
+        table.add_column("trial", justify="right")
+    for name in ("tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2EL p50 ms", "failed"):
+        table.add_column(name, justify="right")
+    if mismatches:
+        table.add_column("OSL mismatch", justify="right")
+    for p in points:
+        row = [str(p["concurrency"])]
+        if trials:
+            row.append(str(p.get("trial", 0)))
+        row += [
+            _fmt(p.get("tput_per_gpu")),
+            _fmt((p.get("interactivity") or {}).get("median")),
+            _fmt(p["ttft_ms"]["median"]),
+            _fmt(p["ttft_ms"]["p99"]),
+            _fmt(p["tpot_ms"]["median"], 2),
+            _fmt(p["e2el_ms"]["median"]),
+            f"{p['failed']}/{p['num_prompts']}",
+        ]
+        if mismatches:
+            row.append(str(p.get("osl_mismatches") or 0))
+        table.add_row(*row)
+    return table
+
+
+def _open(args, readonly: bool = False):
+    from k2bench.harness.store import Store
+
+    return Store.open(args.db, readonly=readonly)
+
+
+def _runs(args) -> int:
+    from rich.table import Table
+
+    filters = {k: getattr(args, k) for k in ("engine", "model", "hardware", "branch", "commit", "workload", "status")}
+    filters = {k: v for k, v in filters.items() if v is not None}
+    if args.limit and args.limit > 0:
+        filters["limit"] = args.limit
+    with _open(args) as store:
+        runs = store.list_runs(**filters)
+    console = _console()
+    if not runs:
+        console.print("no runs stored yet (run `k2bench sweep` or `k2bench import FILE`)")
+        return 0
+    table = Table()
+    for name in ("id", "date (UTC)", "commit", "engine", "model", "workload", "status", "levels"):
+        table.add_column(name, justify="right" if name in ("id", "levels") else "left")
+    for r in runs:
+        table.add_row(str(r["id"]), _date(r["started_at"]), (r["commit"] or "-")[:10], r["engine"], r["model"],
+                      r["workload"] or "-", r["effective_status"], str(r["levels"]))
+    console.print(table)
+    return 0
+
+
+def _status_text(run: dict) -> str:
+    if run["effective_status"] != run["status"]:
+        return f"{run['effective_status']} (recorded {run['status']}; the process writing it is gone)"
+    return run["status"]
+
+
+def _show(args) -> int:
+    import json
+
+    with _open(args) as store:
+        run = store.get_run(args.run)
+        doc = store.export_run(run["id"])
+    console = _console()
+    lines = [("run", str(run["id"])), ("status", _status_text(run))]
+    for key in ("started_at", "finished_at", "commit", "branch", "engine", "engine_version", "model", "precision",
+                "hardware", "num_gpus", "tp", "workload", "isl", "osl", "range_ratio", "trials", "fingerprint",
+                "server_command", "engine_flags", "tags", "client", "notes", "extra"):
+        value = run.get(key)
+        if value is None or value == {} or value == []:
+            continue
+        lines.append((key, value if isinstance(value, str) else json.dumps(value, sort_keys=True)))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        console.print(f"{key:<{width}}  {value}", highlight=False, markup=False)
+    if doc["points"]:
+        console.print(points_table(doc["points"]))
+        for p in doc["points"]:
+            if p["errors"]:
+                console.print(f"conc {p['concurrency']}: first errors: " + "; ".join(p["errors"]),
+                              highlight=False, markup=False)
+    else:
+        console.print("no finished levels")
+    return 0
+
+
+def _levels(doc: dict) -> str:
+    n = len(doc["points"])
+    return f"{n} level" if n == 1 else f"{n} levels"
+
+
+def _export(args) -> int:
+    from k2bench.harness.runjson import write_doc
+
+    with _open(args, readonly=False) as store:
+        run = store.get_run(args.run)
+        doc = store.export_run(run["id"], include_requests=args.requests)
+    write_doc(doc, args.json_path)
+    extra = f", {len(doc['requests'])} requests" if args.requests else ""
+    print(f"wrote run {run['id']} to {args.json_path} ({_levels(doc)}{extra})")
+    return 0
+
+
+def _import(args) -> int:
+    from k2bench.harness.runjson import load_doc
+
+    docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
+    with _open(args) as store:
+        for path, doc in docs:
+            run_id = store.import_run(doc)
+            print(f"imported {path} as run {run_id} ({_levels(doc)})")
+    return 0
