@@ -1,0 +1,1 @@
+"""Analysis of stored runs: Pareto frontiers, statistics, regression verdicts, change points."""

@@ -1,0 +1,290 @@
+"""Verdicts: is the candidate worse than its baseline, per metric and concurrency, and as a frontier?
+
+Works on pandas frames shaped like ``Store.points_frame`` (one row per run, concurrency and trial)
+and, optionally, ``Store.requests_frame`` (one row per measured request). Choosing which runs are the
+baseline is k2bench.harness.analysis.baseline's job; this module only compares.
+
+A change is flagged only when it is both
+
+1. larger than a threshold (default 5%, overridable per metric), direction-aware: throughput and
+   interactivity are better higher, latencies better lower; and
+2. significant (one-sided p below ``alpha``) in every test that applies:
+   * the noise test against the robust spread (median/MAD) of the baseline history, when that
+     history holds at least ``min_history`` runs;
+   * a Mann-Whitney U test on repeated trials (``sweep --trials K``) when both sides have enough of
+     them to reach ``alpha``, otherwise on per-request samples when request frames are given.
+
+When no test applies (one baseline run, one trial, no requests) a large change is reported as
+"unconfirmed" and does not fail the gate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+from k2bench.harness.analysis import pareto, stats
+
+
+@dataclass(frozen=True)
+class Metric:
+    column: str  # column of points_frame
+    label: str
+    higher_is_better: bool
+    sample: str  # per-request sample that moves with the metric: column of requests_frame, or a rule
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("tput_per_gpu", "tok/s/GPU", True, "output_rate"),
+    Metric("interactivity_median", "tok/s/user", True, "inv_tpot"),
+    Metric("ttft_ms_median", "TTFT p50", False, "ttft_ms"),
+    Metric("ttft_ms_p99", "TTFT p99", False, "ttft_ms"),
+    Metric("tpot_ms_median", "TPOT p50", False, "tpot_ms"),
+    Metric("tpot_ms_p99", "TPOT p99", False, "tpot_ms"),
+    Metric("e2el_ms_median", "E2EL p50", False, "e2el_ms"),
+    Metric("e2el_ms_p99", "E2EL p99", False, "e2el_ms"),
+)
+METRIC_BY_COLUMN = {m.column: m for m in METRICS}
+
+
+@dataclass
+class RegressConfig:
+    """Every knob of the gate, in one place (the CLI reads and fills this)."""
+
+    threshold: float = 0.05  # relative change that matters
+    thresholds: dict[str, float] = field(default_factory=dict)  # per metric column, e.g. {"ttft_ms_p99": 0.1}
+    alpha: float = 0.01  # one-sided p-value a change must beat in every applicable test
+    min_history: int = 3  # runs of baseline history needed for the noise test
+    min_request_samples: int = 5
+    frontier_threshold: float | None = None  # default: the tok/s/GPU threshold
+
+    def threshold_for(self, column: str) -> float:
+        return self.thresholds.get(column, self.threshold)
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.thresholds) - set(METRIC_BY_COLUMN) - {"frontier"})
+        if unknown:
+            raise ValueError(f"unknown metric(s) in thresholds: {', '.join(unknown)}; "
+                             f"known: {', '.join(METRIC_BY_COLUMN)}, frontier")
+        for name, value in [("threshold", self.threshold), *self.thresholds.items()]:
+            if not 0 < value < 1:
+                raise ValueError(f"threshold {name}={value} must be a fraction between 0 and 1 (0.05 = 5%)")
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha={self.alpha} must be between 0 and 0.5")
+
+
+@dataclass
+class Verdict:
+    metric: str
+    label: str
+    concurrency: int
+    higher_is_better: bool
+    baseline: float
+    candidate: float
+    rel_change: float
+    worse_by: float
+    threshold: float
+    noise_p: float | None = None
+    noise_z: float | None = None
+    mw_p: float | None = None
+    mw_source: str | None = None  # "trials" or "requests"
+    significant: bool | None = None  # None: no test applied
+    status: str = "unchanged"  # regression | improvement | noise | unconfirmed | unchanged | missing
+
+
+@dataclass
+class FrontierVerdict:
+    comparison: pareto.FrontierComparison
+    threshold: float
+    noise_p: float | None = None
+    significant: bool | None = None
+    significance_source: str | None = None
+    status: str = "unchanged"
+
+
+@dataclass
+class RegressResult:
+    candidate_runs: list[int]
+    baseline_runs: list[int]
+    history_runs: list[int]
+    verdicts: list[Verdict]
+    frontier: FrontierVerdict | None
+    overall: str  # regression | improvement | unchanged | no-baseline
+    baseline_reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    candidate_meta: dict = field(default_factory=dict)
+    baseline_meta: dict = field(default_factory=dict)
+
+    @property
+    def regressions(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == "regression"]
+
+    @property
+    def improvements(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == "improvement"]
+
+    def to_dict(self) -> dict:
+        doc = asdict(self)
+        doc["schema"] = "k2bench.regress/1"
+        return _clean(doc)
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf become None, tuples lists, numpy scalars Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def per_run(points: pd.DataFrame) -> pd.DataFrame:
+    """Mean over trials: one row per (run_id, concurrency)."""
+    cols = [m.column for m in METRICS if m.column in points.columns]
+    return points.groupby(["run_id", "concurrency"], as_index=False)[cols].mean(numeric_only=True)
+
+
+def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str) -> np.ndarray | None:
+    """Per-request values that move with a metric (same direction), for the rank test."""
+    if requests is None or len(requests) == 0:
+        return None
+    df = requests[(requests["concurrency"] == concurrency)]
+    if "success" in df.columns:
+        df = df[df["success"].astype(bool)]
+    if rule == "output_rate":  # tokens per second of one request: throughput at fixed concurrency
+        vals = df["output_tokens"].astype(float) / df["e2el_ms"].astype(float)
+    elif rule == "inv_tpot":
+        vals = 1000.0 / df["tpot_ms"].astype(float)
+    else:
+        vals = df[rule].astype(float)
+    arr = vals.to_numpy()
+    return arr[np.isfinite(arr)]
+
+
+def _judge(worse_by: float, thr: float, significant: bool | None) -> str:
+    if not math.isfinite(worse_by):
+        return "missing"
+    if abs(worse_by) <= thr:
+        return "unchanged"
+    if significant is None:
+        return "unconfirmed"
+    if not significant:
+        return "noise"
+    return "regression" if worse_by > 0 else "improvement"
+
+
+def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None = None,
+            cand_requests: pd.DataFrame | None = None, base_requests: pd.DataFrame | None = None,
+            config: RegressConfig | None = None) -> RegressResult:
+    """Compare candidate points against baseline points (both points_frame-shaped)."""
+    cfg = config or RegressConfig()
+    cfg.validate()
+    cand_runs = sorted(int(r) for r in cand["run_id"].unique())
+    base_runs = sorted(int(r) for r in base["run_id"].unique())
+    hist = history if history is not None else base.iloc[0:0]
+    hist = hist[~hist["run_id"].isin(cand_runs)]
+    hist_runs = sorted(int(r) for r in hist["run_id"].unique())
+    c_run, b_run, h_run = per_run(cand), per_run(base), per_run(hist) if len(hist) else None
+    notes = []
+    c_levels, b_levels = set(c_run["concurrency"]), set(b_run["concurrency"])
+    for side, only in (("candidate", c_levels - b_levels), ("baseline", b_levels - c_levels)):
+        if only:
+            notes.append(f"concurrency {', '.join(map(str, sorted(only)))} only in the {side}; not compared")
+    verdicts = []
+    for conc in sorted(c_levels & b_levels):
+        for m in METRICS:
+            if m.column not in cand.columns or m.column not in base.columns:
+                continue
+            verdicts.append(_verdict(m, int(conc), cand, base, c_run, b_run, h_run, cand_requests,
+                                     base_requests, cfg))
+    fv = _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)
+    statuses = {v.status for v in verdicts} | ({fv.status} if fv else set())
+    overall = ("regression" if "regression" in statuses else
+               "improvement" if "improvement" in statuses else "unchanged")
+    return RegressResult(candidate_runs=cand_runs, baseline_runs=base_runs, history_runs=hist_runs,
+                         verdicts=verdicts, frontier=fv, overall=overall, notes=notes)
+
+
+def _verdict(m: Metric, conc: int, cand, base, c_run, b_run, h_run, cand_req, base_req,
+             cfg: RegressConfig) -> Verdict:
+    c_vals = c_run.loc[c_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
+    b_vals = b_run.loc[b_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
+    thr = cfg.threshold_for(m.column)
+    if len(c_vals) == 0 or len(b_vals) == 0:
+        return Verdict(m.column, m.label, conc, m.higher_is_better, math.nan, math.nan, math.nan,
+                       math.nan, thr, status="missing")
+    c_center = float(np.median(c_vals))
+    b_center = float(np.median(b_vals))
+    eff = stats.effect(b_center, c_center, m.higher_is_better)
+    v = Verdict(m.column, m.label, conc, m.higher_is_better, b_center, c_center, eff.rel_change,
+                eff.worse_by, thr)
+    tests = []
+    if h_run is not None:
+        h_vals = h_run.loc[h_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
+        if len(h_vals) >= cfg.min_history:
+            nt = stats.noise_test(h_vals, b_center, c_center, n_baseline=len(b_vals),
+                                  baseline_is_median=len(b_vals) > 2)
+            v.noise_p, v.noise_z = nt.p_value, nt.z
+            tests.append(nt.p_value)
+    alternative = "greater" if eff.rel_change > 0 else "less"
+    c_trials = cand.loc[cand["concurrency"] == conc, m.column].dropna().to_numpy(float)
+    b_trials = base.loc[base["concurrency"] == conc, m.column].dropna().to_numpy(float)
+    rank = None
+    if (len(c_trials) >= 2 and len(b_trials) >= 2
+            and stats.min_mann_whitney_p(len(b_trials), len(c_trials)) < cfg.alpha):
+        rank, v.mw_source = stats.mann_whitney(b_trials, c_trials, alternative), "trials"
+    else:
+        cs, bs = request_samples(cand_req, conc, m.sample), request_samples(base_req, conc, m.sample)
+        if (cs is not None and bs is not None and min(len(cs), len(bs)) >= cfg.min_request_samples):
+            rank, v.mw_source = stats.mann_whitney(bs, cs, alternative), "requests"
+    if rank is not None:
+        v.mw_p = rank.p_value
+        tests.append(rank.p_value)
+    else:
+        v.mw_source = None
+    v.significant = all(p < cfg.alpha for p in tests) if tests else None
+    v.status = _judge(v.worse_by, thr, v.significant)
+    return v
+
+
+def _median_points(run_frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    med = run_frame.groupby("concurrency")[["interactivity_median", "tput_per_gpu"]].median()
+    return med["interactivity_median"].to_numpy(float), med["tput_per_gpu"].to_numpy(float)
+
+
+def _frontier_verdict(c_run, b_run, h_run, verdicts: list[Verdict], cfg: RegressConfig):
+    if not {"interactivity_median", "tput_per_gpu"} <= set(c_run.columns):
+        return None
+    bx, by = _median_points(b_run)
+    cx, cy = _median_points(c_run)
+    comp = pareto.compare_frontiers(bx, by, cx, cy)
+    thr = cfg.frontier_threshold or cfg.thresholds.get("frontier") or cfg.threshold_for("tput_per_gpu")
+    fv = FrontierVerdict(comparison=comp, threshold=thr)
+    if comp.overlap is None:
+        fv.status = "missing"
+        return fv
+    shift = comp.shift
+    if h_run is not None:
+        shifts = []
+        for _rid, g in h_run.groupby("run_id"):
+            hc = pareto.compare_frontiers(bx, by, *_median_points(g))
+            if hc.overlap is not None:
+                shifts.append(hc.shift)
+        if len(shifts) >= cfg.min_history:
+            nt = stats.noise_test(shifts, 0.0, shift, n_baseline=b_run["run_id"].nunique(),
+                                  baseline_is_median=b_run["run_id"].nunique() > 2, min_sigma=0.002)
+            fv.noise_p, fv.significant, fv.significance_source = nt.p_value, nt.p_value < cfg.alpha, "history"
+    if fv.significant is None:
+        # No history of frontier shifts: lean on the per-point tests of the two frontier metrics.
+        same_way = [v for v in verdicts if v.metric in ("tput_per_gpu", "interactivity_median")
+                    and v.significant and math.isfinite(v.worse_by) and (v.worse_by > 0) == (shift < 0)]
+        if same_way:
+            fv.significant, fv.significance_source = True, "per-point tests"
+    fv.status = _judge(-shift, thr, fv.significant)
+    return fv

@@ -1,0 +1,167 @@
+"""`k2bench regress` (the PR gate) and `k2bench changepoints` (the nightly history scan)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from k2bench.harness.errors import UserError
+
+# Defaults live in the dataclasses of k2bench.harness.analysis; these mirror them for --help only
+# and are read from there at run time (see _config / _options).
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("regress", help="compare a run or commit with its baseline; PR gate",
+                       description="Verdict per metric and concurrency plus the frontier comparison. "
+                                   "Exit 1 on a regression with --fail-on-regression.")
+    p.add_argument("--candidate", required=True, metavar="RUN|SHA", help="run id or commit (or git revision)")
+    p.add_argument("--baseline", default="auto", metavar="RUN|SHA|auto",
+                   help="explicit baseline, or auto: merge-base with the default branch, else its latest runs")
+    p.add_argument("--baseline-mode", default=None, choices=["auto", "merge-base", "latest"],
+                   help="how auto picks the baseline (default auto)")
+    p.add_argument("--default-branch", default=None, help="default branch name (default main)")
+    p.add_argument("--repo", default=None, help="git work tree for merge-base (default: current directory)")
+    p.add_argument("--baseline-runs", type=int, default=None, help="latest mode: runs in the baseline (default 5)")
+    p.add_argument("--history", type=int, default=None, help="runs of noise history (default 10)")
+    p.add_argument("--threshold", action="append", default=[], metavar="[METRIC=]FRACTION",
+                   help="relative change that matters: 0.05 or 5%% for all, or e.g. ttft_ms_p99=0.1 (repeatable)")
+    p.add_argument("--alpha", type=float, default=None, help="significance level, one-sided (default 0.01)")
+    p.add_argument("--no-requests", action="store_true", help="skip per-request samples (faster on huge runs)")
+    p.add_argument("--format", choices=["md", "json"], default="md")
+    p.add_argument("--out", default=None, help="write the report here (markdown also writes <stem>.png beside it)")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is found")
+    p.add_argument("--db", default=None, help="database URL (default env K2BENCH_DB or results/k2bench.db)")
+    p.set_defaults(handler=_regress)
+
+    c = sub.add_parser("changepoints", help="change points in each metric's history on a branch",
+                       description="E-divisive means with a Welch t-test check (see k2bench.harness.analysis."
+                                   "changepoints); stores them for the dashboard.")
+    c.add_argument("--branch", default="main")
+    c.add_argument("--fingerprint", default=None, help="one configuration (default: every one on the branch)")
+    c.add_argument("--window", type=int, default=None, help="points per window (default 50)")
+    c.add_argument("--pvalue", type=float, default=None, help="t-test p-value a change must beat (default 0.001)")
+    c.add_argument("--metric", action="append", default=None, help="metric column (repeatable; default all gated ones)")
+    c.add_argument("--no-store", action="store_true", help="list only; do not replace stored change points")
+    c.add_argument("--db", default=None)
+    c.set_defaults(handler=_changepoints)
+
+
+def parse_thresholds(values: list[str]) -> tuple[float | None, dict[str, float]]:
+    """'5%', '0.05', 'ttft_ms_p99=10%' -> (global, per-metric)."""
+    glob, per = None, {}
+    for raw in values:
+        name, _, val = raw.rpartition("=")
+        text = val.strip()
+        try:
+            num = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            raise UserError(f"--threshold {raw!r}: expected a fraction (0.05), a percentage (5%), "
+                            "or METRIC=value") from None
+        if name:
+            per[name.strip()] = num
+        else:
+            glob = num
+    return glob, per
+
+
+def _config(args):
+    from k2bench.harness.analysis.regress import RegressConfig
+
+    cfg = RegressConfig()
+    glob, per = parse_thresholds(args.threshold)
+    if glob is not None:
+        cfg.threshold = glob
+    cfg.thresholds.update(per)
+    if args.alpha is not None:
+        cfg.alpha = args.alpha
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return cfg
+
+
+def _options(args):
+    from k2bench.harness.analysis.baseline import BaselineOptions
+
+    opts = BaselineOptions(repo=args.repo)
+    for attr, val in (("mode", args.baseline_mode), ("default_branch", args.default_branch),
+                      ("baseline_runs", args.baseline_runs), ("history_limit", args.history)):
+        if val is not None:
+            setattr(opts, attr, val)
+    opts.validate()
+    return opts
+
+
+def _open(url, readonly=False):
+    from k2bench.harness.store import Store
+
+    return Store.open(url, readonly=readonly)
+
+
+def _regress(args) -> int:
+    from k2bench.harness import report
+    from k2bench.harness.analysis.gate import run_gate
+
+    cfg, opts = _config(args), _options(args)
+    store = _open(args.db, readonly=True)
+    out = run_gate(store, args.candidate, args.baseline, opts, cfg, use_requests=not args.no_requests)
+    res = out.result
+    if args.format == "json":
+        text = report.to_json(res)
+    else:
+        png_name = None
+        if args.out:
+            png = Path(args.out).with_suffix(".png")
+            if report.frontier_png(res, png, out.cand_points, out.base_points):
+                png_name = png.name
+        text = report.markdown(res, png_name)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(report.verdict_line(res))
+        print(f"report written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 1 if (args.fail_on_regression and res.overall == "regression") else 0
+
+
+def _changepoints(args) -> int:
+    from k2bench.harness.analysis import changepoints as cp
+
+    window = args.window if args.window is not None else cp.DEFAULT_WINDOW
+    pvalue = args.pvalue if args.pvalue is not None else cp.DEFAULT_PVALUE
+    if window < 2 * cp.DEFAULT_MIN_SIZE:
+        raise UserError(f"--window must be at least {2 * cp.DEFAULT_MIN_SIZE}")
+    if not 0 < pvalue < 1:
+        raise UserError("--pvalue must be between 0 and 1")
+    store = _open(args.db, readonly=args.no_store)
+    runs = [r for r in store.list_runs(branch=args.branch) if r.get("status") in ("complete", "partial")]
+    fps = sorted({r.get("fingerprint") for r in runs if r.get("fingerprint")})
+    if args.fingerprint:
+        if args.fingerprint not in fps:
+            raise UserError(f"no usable runs of fingerprint {args.fingerprint!r} on branch {args.branch!r}")
+        fps = [args.fingerprint]
+    if not fps:
+        print(f"no usable runs on branch {args.branch!r}; nothing to scan")
+        return 0
+    metrics = tuple(args.metric) if args.metric else None
+    total = 0
+    for fp in fps:
+        ids = [r["id"] for r in runs if r.get("fingerprint") == fp]
+        pts = store.points_frame(run_ids=ids)
+        try:
+            rows = cp.history_change_points(pts, metrics, window, pvalue)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if not args.no_store:
+            store.replace_change_points(fp, args.branch, rows)
+        print(f"fingerprint {fp}: {len(ids)} run(s), {len(rows)} change point(s)")
+        for r in sorted(rows, key=lambda r: (r["metric"], r["concurrency"], r["run_id"])):
+            print(f"  {r['metric']:<22} conc {r['concurrency']:<5} run #{r['run_id']:<6} "
+                  f"{str(r['commit'] or '')[:10]:<10} {r['mean_before']:>12.4g} -> {r['mean_after']:<12.4g} "
+                  f"{100 * r['rel_change']:+6.1f}%  p={r['p_value']:.2g}")
+        total += len(rows)
+    return 0

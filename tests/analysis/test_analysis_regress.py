@@ -1,0 +1,131 @@
+"""Verdicts on committed fixture histories with known answers (frames built without the store)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_data import frame, load_fixture
+from k2bench.harness.analysis import baseline as bl
+from k2bench.harness.analysis.regress import RegressConfig, compare
+
+
+def _run(fixture_frames, name, **cfg):
+    hist, cand, fx = fixture_frames(name)
+    return compare(cand, hist, hist, config=RegressConfig(**cfg)), fx
+
+
+def _flagged(res, status):
+    return sorted([v.metric, v.concurrency] for v in res.verdicts if v.status == status)
+
+
+def test_ten_percent_drop_at_one_concurrency_is_flagged(fixture_frames):
+    res, fx = _run(fixture_frames, "drop10")
+    assert res.overall == "regression"
+    assert _flagged(res, "regression") == fx["expected"]["regressions"] == [["tput_per_gpu", 16]]
+    v = next(v for v in res.regressions)
+    assert v.rel_change == pytest.approx(-0.10, abs=0.02) and v.noise_p < 0.01
+    assert res.frontier.status == "unchanged"  # one point of five: the curve as a whole barely moved
+
+
+def test_two_percent_noise_is_not_flagged(fixture_frames):
+    res, _ = _run(fixture_frames, "noise2")
+    assert res.overall == "unchanged"
+    assert _flagged(res, "regression") == [] and _flagged(res, "improvement") == []
+
+
+def test_improvement_is_reported_as_such(fixture_frames):
+    res, fx = _run(fixture_frames, "improve12")
+    assert res.overall == "improvement"
+    assert _flagged(res, "regression") == []
+    imp = _flagged(res, "improvement")
+    for item in fx["expected"]["improvements_include"]:
+        assert item in imp
+    assert res.frontier.status == "improvement" and res.frontier.comparison.shift > 0.08
+
+
+def test_frontier_shifted_down_is_flagged(fixture_frames):
+    res, _ = _run(fixture_frames, "frontier_down")
+    assert res.frontier.status == "regression"
+    assert res.frontier.comparison.shift == pytest.approx(-0.09, abs=0.02)
+    assert res.frontier.significance_source == "history"
+
+
+def test_frontier_that_only_traded_points_along_itself_is_not_flagged(fixture_frames):
+    res, _ = _run(fixture_frames, "frontier_trade")
+    assert res.frontier.status == "unchanged"
+    assert abs(res.frontier.comparison.shift) < 0.02
+    # the per-level numbers did move a lot, which is what makes this a real test of the frontier verdict
+    tput = [v for v in res.verdicts if v.metric == "tput_per_gpu"]
+    assert all(v.rel_change > 0.1 for v in tput)
+
+
+def test_per_metric_threshold_override(fixture_frames):
+    res, _ = _run(fixture_frames, "drop10", thresholds={"tput_per_gpu": 0.15})
+    assert _flagged(res, "regression") == []
+    assert any(v.status == "noise" or v.status == "unchanged" for v in res.verdicts if v.metric == "tput_per_gpu")
+
+
+def test_unknown_threshold_metric_is_refused(fixture_frames):
+    with pytest.raises(ValueError, match="unknown metric"):
+        _run(fixture_frames, "drop10", thresholds={"tok_per_s": 0.1})
+
+
+def test_unlike_fingerprints_are_refused_with_the_differing_fields():
+    fx = load_fixture("unlike")
+    base, cand = fx["runs"][0]["run"], fx["runs"][-1]["run"]
+    ok, why = bl.comparable(cand, base)
+    assert not ok
+    for name in fx["expected"]["fields"]:
+        assert name in why
+    assert "engine_version ('0.2' vs '0.1')" in why and "osl (256 vs 128)" in why
+    assert "model" not in why
+    assert bl.comparable(fx["runs"][1]["run"], base) == (True, "")
+
+
+def _requests(conc, n, ttft, tpot, osl, rng):
+    e2el = ttft + tpot * (osl - 1)
+    jit = rng.normal(1, 0.03, (n, 2))
+    return pd.DataFrame({"concurrency": conc, "trial": 0, "ttft_ms": ttft * jit[:, 0], "tpot_ms": tpot * jit[:, 1],
+                         "e2el_ms": e2el * jit[:, 1], "output_tokens": osl, "success": True})
+
+
+def test_single_baseline_run_uses_per_request_mann_whitney(fixture_frames):
+    """Merge-base case: one baseline run, no history spread; per-request samples decide significance."""
+    hist, cand, _ = fixture_frames("drop10")
+    base = hist[hist["run_id"] == hist["run_id"].max()]
+    cand = cand.copy()
+    cand.loc[:, "tpot_ms_median"] = base["tpot_ms_median"].to_numpy() * 1.25
+    rng = np.random.default_rng(0)
+    b_req = pd.concat([_requests(c, 40, 50, 20, 64, rng) for c in (4, 8, 16, 32, 64)])
+    c_req = pd.concat([_requests(c, 40, 50, 25, 64, rng) for c in (4, 8, 16, 32, 64)])
+    res = compare(cand, base, None, c_req, b_req)
+    tpot = {v.concurrency: v for v in res.verdicts if v.metric == "tpot_ms_median"}
+    assert all(v.status == "regression" and v.mw_source == "requests" for v in tpot.values())
+    assert all(v.noise_p is None for v in tpot.values())
+    # without samples the same change cannot be confirmed, so it does not fail the gate
+    res2 = compare(cand, base, None)
+    assert {v.status for v in res2.verdicts if v.metric == "tpot_ms_median"} == {"unconfirmed"}
+
+
+def test_repeated_trials_use_mann_whitney_on_trials():
+    rng = np.random.default_rng(1)
+    rows = []
+    for run_id, scale in ((1, 1.0), (2, 1.0), (3, 1.0), (4, 0.88)):
+        for trial in range(3):
+            rows.append({"run_id": run_id, "concurrency": 8, "trial": trial,
+                         "tput_per_gpu": 1000 * scale * rng.normal(1, 0.01),
+                         "interactivity_median": 40 * rng.normal(1, 0.01)})
+    df = pd.DataFrame(rows)
+    base, cand = df[df.run_id < 4], df[df.run_id == 4]
+    res = compare(cand, base, base)
+    v = next(v for v in res.verdicts if v.metric == "tput_per_gpu")
+    assert v.status == "regression" and v.mw_source == "trials" and v.mw_p < 0.01
+
+
+def test_frame_helper_matches_fixture_docs():
+    fx = load_fixture("drop10")
+    df = frame(fx["runs"])
+    assert len(df) == 6 * 5
+    assert df.loc[(df.run_id == 6) & (df.concurrency == 16), "tput_per_gpu"].item() == \
+        fx["runs"][5]["points"][2]["tput_per_gpu"]
