@@ -26,12 +26,9 @@ def _db_arg() -> str | None:
 
 
 def _display_url(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
+    from k2bench.harness.store.db import safe_url
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL is reported by the store itself
-        return url
+    return safe_url(url)
 
 
 def first_run_message(url: str, reason: str | None = None) -> None:
@@ -45,13 +42,10 @@ def first_run_message(url: str, reason: str | None = None) -> None:
     st.caption("Then reload this page.")
 
 
-def _default_url() -> str | None:
-    try:
-        from k2bench.harness.store import default_db_url
+def _default_url() -> str:
+    from k2bench.harness.store.db import DEFAULT_DB_URL
 
-        return default_db_url()
-    except Exception:
-        return None
+    return DEFAULT_DB_URL
 
 
 def main() -> None:

@@ -1,0 +1,109 @@
+"""A small database with known numbers for the dashboard tests.
+
+Two engines, four commits each on main (one day apart) plus one run on a feature branch. Requests
+are synthesised with exact timing (every request of a level: TTFT = ttft(c), then OSL tokens
+``gap(c)`` apart, in waves of c), summarised by the real metrics code and stored through the
+real Store, so the expected values below follow from the timing model, not from the code under
+test. The bundled engine's last commit is a regression: every token gap is 25% longer, so its
+throughput drops by ~20% at every level and a change point is recorded for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from k2bench.harness.metrics import summarize_level
+from k2bench.harness.records import RequestRecord
+from k2bench.harness.store import Store
+
+ISL, OSL = 128, 16
+LEVELS = (4, 8, 16, 32)
+ENGINES = {"bundled": 1.0, "vllm": 0.8}  # gap scale: vllm is faster per token
+COMMITS = ["a1" * 20, "b2" * 20, "c3" * 20, "d4" * 20]
+REGRESSION_FACTOR = 1.25  # token gaps of the bundled engine at the last commit
+T0 = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
+
+
+def ttft_ms(c: int) -> float:
+    return 40.0 + 2.0 * c
+
+
+def gap_ms(engine: str, c: int, commit_index: int) -> float:
+    g = ENGINES[engine] * 4.0 * (1.0 + c / 16.0)
+    if engine == "bundled" and commit_index == len(COMMITS) - 1:
+        g *= REGRESSION_FACTOR
+    return g
+
+
+def level_records(c: int, ttft: float, gap: float, waves: int = 2) -> list[RequestRecord]:
+    recs, t = [], 1_000_000_000
+    e2el_ns = int((ttft + (OSL - 1) * gap) * 1e6)
+    for w in range(waves):
+        for i in range(c):
+            send = t + w * (e2el_ns + 1_000_000)
+            tokens = [send + int((ttft + k * gap) * 1e6) for k in range(OSL)]
+            recs.append(RequestRecord(index=w * c + i, concurrency=c, warmup=False, requested_input_tokens=ISL,
+                                      requested_output_tokens=OSL, send_ns=send, token_ns=tokens,
+                                      end_ns=tokens[-1] + 100_000, prompt_tokens=ISL, output_tokens=OSL,
+                                      success=True))
+    return recs
+
+
+@dataclass
+class Fixture:
+    url: str
+    runs: dict[tuple[str, int], int] = field(default_factory=dict)  # (engine, commit index) -> run id
+    feature_run: int = 0
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+
+def meta(engine: str, commit: str, branch: str, when: datetime) -> dict:
+    return {"engine": engine, "engine_version": "1.0", "engine_flags": {"max_num_seqs": 64, "engine": engine},
+            "server_command": f"{engine} serve tiny-k2 --tp 1", "model": "tiny-k2", "precision": "mxfp4",
+            "hardware": "cpu", "num_gpus": 1, "tp": 1, "workload": "fixture", "isl": ISL, "osl": OSL,
+            "commit": commit, "branch": branch, "started_at": when.isoformat(), "tags": {"fixture": "yes"}}
+
+
+def add_run(store: Store, engine: str, commit_index: int, branch: str, when: datetime) -> int:
+    run_id = store.create_run(meta(engine, COMMITS[commit_index], branch, when))
+    for c in LEVELS:
+        recs = level_records(c, ttft_ms(c), gap_ms(engine, c, commit_index))
+        store.add_point(run_id, summarize_level(recs, concurrency=c, num_gpus=1), recs)
+    store.finish_run(run_id, "complete")
+    return run_id
+
+
+def build(url: str) -> Fixture:
+    fx = Fixture(url)
+    store = Store.open(url)
+    try:
+        for engine in ENGINES:
+            for i in range(len(COMMITS)):
+                fx.runs[(engine, i)] = add_run(store, engine, i, "main", T0 + timedelta(days=i))
+        fx.feature_run = add_run(store, "vllm", 1, "feature-x", T0 + timedelta(days=1, hours=6))
+        for engine in ENGINES:
+            fx.fingerprints[engine] = store.get_run(fx.runs[(engine, 0)])["fingerprint"]
+        last = fx.runs[("bundled", len(COMMITS) - 1)]
+        before = expected_tput("bundled", 32, 0)
+        after = expected_tput("bundled", 32, len(COMMITS) - 1)
+        store.replace_change_points(fx.fingerprints["bundled"], "main", [{
+            "metric": "tput_per_gpu", "concurrency": 32, "run_id": last, "commit": COMMITS[-1],
+            "detected_at": (T0 + timedelta(days=4)).isoformat(), "mean_before": before, "mean_after": after,
+            "rel_change": after / before - 1.0, "p_value": 0.001}])
+    finally:
+        store.close()
+    return fx
+
+
+def expected_tput(engine: str, c: int, commit_index: int) -> float:
+    """tok/s/GPU from the timing model: two waves of c requests, 1 ms apart, each ending 0.1 ms after
+    its last token (duration = first send to last end)."""
+    ttft, gap = ttft_ms(c), gap_ms(engine, c, commit_index)
+    e2el = ttft + (OSL - 1) * gap
+    duration_ms = 2 * e2el + 1.0 + 0.1
+    return 2 * c * (ISL + OSL) / (duration_ms / 1000.0)
+
+
+def expected_interactivity(engine: str, c: int, commit_index: int) -> float:
+    return 1000.0 / gap_ms(engine, c, commit_index)

@@ -1,0 +1,306 @@
+"""Streamlit AppTest drives every dashboard page on a fixture database and checks what a user sees."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+import dashboard_fixture as fxdb  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+LAST = len(fxdb.COMMITS) - 1
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory) -> fxdb.Fixture:
+    return fxdb.build(f"sqlite:///{tmp_path_factory.mktemp('dash') / 'fixture.db'}")
+
+
+def open_page(url: str, page: str, monkeypatch) -> AppTest:
+    monkeypatch.setenv("K2BENCH_DB", url)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["page"] = page
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _plain(value):
+    """Plotly sends numeric arrays as typed base64 blobs; turn them back into lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [_plain(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
+
+
+def traces(fig: dict, name_part: str) -> list[dict]:
+    return [t for t in fig["data"] if name_part in t.get("name", "")]
+
+
+TABLE_COLUMNS = {  # a column that only that page table has
+    "frontier_table": "config", "history_table": "status", "compare_deltas": "tput_per_gpu Δ%",
+    "compare_matched": "concurrency A", "detail_levels": "output_tput_per_gpu",
+}
+
+
+def page_table(at: AppTest, name: str):
+    """The page table identified by its distinctive column (AppTest exposes no key on dataframes)."""
+    found = [d.value for d in at.dataframe if TABLE_COLUMNS[name] in d.value.columns]
+    assert found, f"no {name} on the page"
+    return found[0]
+
+
+# ------------------------------------------------------------------ Frontier
+
+
+def test_frontier_shows_each_configuration_with_concurrency_labels(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    assert at.title[0].value == "Frontier"
+    (fig,) = figures(at)
+    layout = fig["layout"]
+    assert layout["title"]["text"] == "Throughput per GPU vs interactivity"
+    assert layout["xaxis"]["title"]["text"] == "Interactivity (tok/s/user)"
+    assert layout["yaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
+    for engine in fxdb.ENGINES:
+        (points,) = [t for t in fig["data"] if t["name"].startswith(engine) and t["mode"] == "markers+text"]
+        assert points["text"] == [f"c{c}" for c in fxdb.LEVELS]
+        # latest run of each configuration: the last commit on main (day 3)
+        want_y = [fxdb.expected_tput(engine, c, LAST) for c in fxdb.LEVELS]
+        want_x = [fxdb.expected_interactivity(engine, c, LAST) for c in fxdb.LEVELS]
+        assert points["y"] == pytest.approx(want_y, rel=1e-9)
+        assert points["x"] == pytest.approx(want_x, rel=1e-9)
+        (line,) = [t for t in fig["data"] if t["name"].startswith(engine) and t["name"].endswith("frontier")]
+        assert line["mode"] == "lines"
+        assert sorted(line["x"]) == pytest.approx(sorted(want_x))  # every level is Pareto-optimal here
+
+
+def test_frontier_overlays_published_reference_with_source(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    (fig,) = figures(at)
+    (ref,) = traces(fig, "MI355X")
+    assert ref["x"] == [19.2] and ref["y"] == [5369.6] and ref["text"] == ["c128 (ref)"]
+    assert any("116.4" in a.get("text", "") for a in fig["layout"]["annotations"])  # conc 4 gives x only
+    assert any("Source:" in a.get("text", "") for a in fig["layout"]["annotations"])
+    assert any("source: AMD" in c.value for c in at.caption)
+    at.checkbox(key="frontier_ref").uncheck().run()
+    (fig,) = figures(at)
+    assert not traces(fig, "MI355X")
+
+
+def test_frontier_alternative_views(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    at.radio(key="frontier_view").set_value("E2E latency vs interactivity").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["yaxis"]["title"]["text"] == "E2E latency median (ms)"
+    (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
+    want = [fxdb.ttft_ms(c) + (fxdb.OSL - 1) * fxdb.gap_ms("vllm", c, LAST) for c in fxdb.LEVELS]
+    assert points["y"] == pytest.approx(want, rel=1e-9)
+    at.radio(key="frontier_view").set_value("TTFT vs throughput").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["xaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "TTFT median (ms)"
+
+
+def test_frontier_filters_and_csv(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    at.multiselect(key="filter_engine").select("vllm").run()
+    (fig,) = figures(at)
+    names = {t["name"] for t in fig["data"] if t["mode"] == "markers+text" and "MI355X" not in t["name"]}
+    assert len(names) == 1 and next(iter(names)).startswith("vllm")
+    at.multiselect(key="filter_branch").select("feature-x").run()
+    table = page_table(at, "frontier_table")
+    assert set(table["run_id"]) == {fixture.feature_run}
+    assert set(table["branch"]) == {"feature-x"}
+    labels = [b.label for b in at.get("download_button")]
+    assert "Download frontier as CSV" in labels
+    at.multiselect(key="filter_model").select("tiny-k2").run()
+    at.multiselect(key="filter_branch").unselect("feature-x").select("main").run()
+    at.multiselect(key="filter_engine").unselect("vllm").select("bundled").run()
+    at.multiselect(key="filter_branch").unselect("main").run()
+    at.multiselect(key="filter_engine").unselect("bundled").run()
+    assert not at.warning
+    # a date range before any run leaves nothing to draw, and says so
+    at.date_input(key="filter_dates").set_value((fxdb.T0.date(), fxdb.T0.date())).run()
+    assert len(page_table(at, "frontier_table")["run_id"].unique()) == 2  # day 0: one run per engine
+
+
+def test_frontier_median_mode_pools_runs(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    at.multiselect(key="filter_branch").select("main").run()
+    at.selectbox(key="frontier_mode").set_value("Median over runs in range").run()
+    table = page_table(at, "frontier_table")
+    row = table[(table["config"].str.startswith("bundled")) & (table["concurrency"] == 32)].iloc[0]
+    tputs = sorted(fxdb.expected_tput("bundled", 32, i) for i in range(len(fxdb.COMMITS)))
+    assert row["tput_per_gpu"] == pytest.approx((tputs[1] + tputs[2]) / 2, rel=1e-9)
+    assert row["runs"] == len(fxdb.COMMITS)
+
+
+# ------------------------------------------------------------------ History
+
+
+def test_history_marks_the_regression(fixture, monkeypatch):
+    at = open_page(fixture.url, "History", monkeypatch)
+    at.selectbox(key="history_config").set_value(fixture.fingerprints["bundled"]).run()
+    at.selectbox(key="history_conc").set_value(32).run()
+    at.selectbox(key="history_metric").set_value("tput_per_gpu").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["yaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
+    (series,) = traces(fig, "Throughput (tok/s/GPU)")
+    want = [fxdb.expected_tput("bundled", 32, i) for i in range(len(fxdb.COMMITS))]
+    assert series["y"] == pytest.approx(want, rel=1e-9)
+    assert all("branch main" in h and "commit " in h and "UTC" in h for h in series["customdata"])
+    assert fxdb.COMMITS[0][:10] in series["customdata"][0]
+    (marker,) = traces(fig, "change point (regression)")
+    assert marker["y"] == pytest.approx([want[-1]], rel=1e-9)
+    rel = (want[-1] / want[0] - 1) * 100
+    assert rel < 0
+    (err,) = at.error
+    assert "1 regression(s) flagged" in err.value and f"{rel:+.1f}%" in err.value
+    # other levels have no change point recorded
+    at.selectbox(key="history_conc").set_value(4).run()
+    assert not at.error
+    assert not traces(figures(at)[0], "change point")
+
+
+def test_history_commit_axis_and_latency_metric(fixture, monkeypatch):
+    at = open_page(fixture.url, "History", monkeypatch)
+    at.selectbox(key="history_config").set_value(fixture.fingerprints["vllm"]).run()
+    at.selectbox(key="history_metric").set_value("tpot_ms_median").run()
+    at.radio(key="history_x").set_value("commit order").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["xaxis"]["title"]["text"] == "commit"
+    assert fig["layout"]["xaxis"]["ticktext"][0] == fxdb.COMMITS[0][:7]
+    table = page_table(at, "history_table")
+    assert len(table) == len(fxdb.COMMITS) + 1  # main commits and the feature-branch run
+    at.selectbox(key="history_branch").set_value("feature-x").run()
+    table = page_table(at, "history_table")
+    assert list(table["run_id"]) == [fixture.feature_run]
+
+
+# ------------------------------------------------------------------ Compare
+
+
+def test_compare_runs_shows_negative_deltas_for_the_regression(fixture, monkeypatch):
+    at = open_page(fixture.url, "Compare", monkeypatch)
+    at.selectbox(key="compare_run_a").set_value(fixture.runs[("bundled", LAST - 1)]).run()
+    at.selectbox(key="compare_run_b").set_value(fixture.runs[("bundled", LAST)]).run()
+    assert not at.warning  # same configuration
+    (fig,) = figures(at)
+    assert {t["name"] for t in fig["data"] if t["mode"] == "markers+text"} == {
+        f"A: run #{fixture.runs[('bundled', LAST - 1)]}", f"B: run #{fixture.runs[('bundled', LAST)]}"}
+    deltas = page_table(at, "compare_deltas")
+    assert list(deltas["concurrency"]) == list(fxdb.LEVELS)
+    want = [(fxdb.expected_tput("bundled", c, LAST) / fxdb.expected_tput("bundled", c, LAST - 1) - 1) * 100
+            for c in fxdb.LEVELS]
+    assert list(deltas["tput_per_gpu Δ%"]) == pytest.approx(want, rel=1e-9)
+    assert (deltas["tput_per_gpu Δ%"] < 0).all()
+    assert list(deltas["tpot_ms_median Δ%"]) == pytest.approx([(fxdb.REGRESSION_FACTOR - 1) * 100] * len(fxdb.LEVELS))
+    peak = next(m for m in at.metric if m.label.startswith("Peak throughput"))
+    assert peak.delta.startswith("-")
+    matched = page_table(at, "compare_matched")
+    assert len(matched) > 0 and (matched["Δ%"] < 0).all()
+
+
+def test_compare_reversed_runs_flip_the_sign(fixture, monkeypatch):
+    at = open_page(fixture.url, "Compare", monkeypatch)
+    at.selectbox(key="compare_run_a").set_value(fixture.runs[("bundled", LAST)]).run()
+    at.selectbox(key="compare_run_b").set_value(fixture.runs[("bundled", LAST - 1)]).run()
+    deltas = page_table(at, "compare_deltas")
+    assert (deltas["tput_per_gpu Δ%"] > 0).all()
+    assert next(m for m in at.metric if m.label.startswith("Peak throughput")).delta.startswith("+")
+
+
+def test_compare_warns_about_unlike_configurations(fixture, monkeypatch):
+    at = open_page(fixture.url, "Compare", monkeypatch)
+    at.selectbox(key="compare_run_a").set_value(fixture.runs[("bundled", 0)]).run()
+    at.selectbox(key="compare_run_b").set_value(fixture.runs[("vllm", 0)]).run()
+    assert any("different configurations" in w.value for w in at.warning)
+
+
+def test_compare_commits(fixture, monkeypatch):
+    at = open_page(fixture.url, "Compare", monkeypatch)
+    at.radio(key="compare_mode").set_value("Two commits").run()
+    at.selectbox(key="compare_config").set_value(fixture.fingerprints["bundled"]).run()
+    at.selectbox(key="compare_commit_a").set_value(fxdb.COMMITS[0]).run()
+    at.selectbox(key="compare_commit_b").set_value(fxdb.COMMITS[LAST]).run()
+    deltas = page_table(at, "compare_deltas")
+    assert (deltas["tput_per_gpu Δ%"] < 0).all()
+    assert list(deltas["interactivity_median Δ%"]) == pytest.approx([(1 / fxdb.REGRESSION_FACTOR - 1) * 100] * len(fxdb.LEVELS))
+    (fig,) = figures(at)
+    assert fig["layout"]["title"]["text"] == f"Frontiers: A: {fxdb.COMMITS[0][:10]} vs B: {fxdb.COMMITS[LAST][:10]}"
+
+
+# ------------------------------------------------------------------ Run detail
+
+
+def test_run_detail_metadata_levels_and_distributions(fixture, monkeypatch):
+    run_id = fixture.runs[("vllm", 2)]
+    at = open_page(fixture.url, "Run detail", monkeypatch)
+    at.selectbox(key="detail_run").set_value(run_id).run()
+    meta = at.table[0].value
+    assert meta.loc["commit", "value"] == fxdb.COMMITS[2]
+    assert meta.loc["hardware", "value"] == "cpu" and meta.loc["engine", "value"] == "vllm"
+    assert any('"max_num_seqs"' in j.proto.body for j in at.json)
+    assert any("vllm serve tiny-k2" in c.value for c in at.code)
+    levels = page_table(at, "detail_levels")
+    assert list(levels["concurrency"]) == list(fxdb.LEVELS)
+    assert list(levels["tput_per_gpu"]) == pytest.approx([fxdb.expected_tput("vllm", c, 2) for c in fxdb.LEVELS])
+    at.selectbox(key="detail_conc").set_value(8).run()
+    ttft, itl, timeline = figures(at)
+    assert ttft["layout"]["title"]["text"] == "TTFT distribution"
+    assert ttft["data"][0]["x"] == pytest.approx([fxdb.ttft_ms(8)] * 16)
+    assert itl["layout"]["title"]["text"] == "Inter-token latency CDF"
+    gaps = itl["data"][0]["x"]
+    assert len(gaps) == 16 * (fxdb.OSL - 1)
+    assert gaps == pytest.approx([fxdb.gap_ms("vllm", 8, 2)] * len(gaps), abs=1e-5)  # ns rounding
+    assert itl["data"][0]["y"][-1] == 1.0
+    assert timeline["layout"]["title"]["text"] == "Request timeline"
+    (bars,) = traces(timeline, "request (succeeded)")
+    assert len([x for x in bars["x"] if x is not None]) == 2 * 16  # start and end of each request
+    assert f"Download run_{run_id}_c8_requests as CSV" in [b.label for b in at.get("download_button")]
+
+
+def test_run_detail_follows_the_run_query_parameter(fixture, monkeypatch):
+    monkeypatch.setenv("K2BENCH_DB", fixture.url)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["page"] = "Run detail"
+    at.query_params["run"] = str(fixture.feature_run)
+    at.run()
+    assert at.selectbox(key="detail_run").value == fixture.feature_run
+
+
+# ------------------------------------------------------------------ empty and missing databases
+
+
+def test_empty_database_shows_first_run_command(tmp_path, monkeypatch):
+    from k2bench.harness.store import Store
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Store.open(url).close()
+    for page in ("Frontier", "History", "Compare", "Run detail"):
+        at = open_page(url, page, monkeypatch)
+        assert not at.get("plotly_chart")
+        assert "No benchmark runs in this database yet" in at.info[0].value
+        assert any(c.value.startswith("k2bench sweep --isl 8192 --osl 1024 --conc 4..128 --db") for c in at.code)
+
+
+def test_missing_database_is_a_message_not_a_traceback(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'nowhere.db'}"
+    at = open_page(url, "Frontier", monkeypatch)
+    assert "Cannot read the database" in at.info[0].value
+    assert not (tmp_path / "nowhere.db").exists()  # read-only: nothing was created
