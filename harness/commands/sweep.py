@@ -1,0 +1,130 @@
+"""`k2bench sweep`: measure a server at each concurrency level and store the run.
+
+Heavy imports (aiohttp, numpy, sqlalchemy, rich) happen inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny generated MXFP4 model "
+                 "on this machine (TP 1).")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep", help="benchmark a server over concurrency levels and store the run",
+        description="Closed-loop sweep over concurrency levels; each finished level is stored at once. "
+                    + DEFAULTS_NOTE,
+    )
+    target = p.add_argument_group("server (attach with --url, or launch with --engine)")
+    target.add_argument("--url", help="attach to a running OpenAI-compatible server, e.g. http://host:8000")
+    target.add_argument("--engine", help="launch a server through this recipe (bundled, atom, vllm, sglang, "
+                                         "testserver; default bundled)")
+    target.add_argument("--model", help="model path or id (default for bundled: the tiny generated model)")
+    target.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
+    target.add_argument("--server-args", default=None, help="extra server arguments, one quoted string")
+    target.add_argument("--ready-timeout", type=float, default=None, metavar="S",
+                        help="seconds to wait for a launched server (default: the recipe's)")
+    load = p.add_argument_group("load")
+    load.add_argument("--workload", help="workload name (8k1k, 1k1k, 1k8k, ...) or a .toml path "
+                                         "(default: from --isl/--osl, else 8k1k)")
+    load.add_argument("--isl", type=int, help="input tokens per request (overrides the workload)")
+    load.add_argument("--osl", type=int, help="output tokens per request (overrides the workload)")
+    load.add_argument("--conc", default="4..128",
+                      help="levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (default 4..128)")
+    load.add_argument("--num-prompts", type=int, default=None, help="measured requests per level (default 10 x conc)")
+    load.add_argument("--warmup", type=int, default=None, help="warmup requests per level (default 2 x conc)")
+    load.add_argument("--trials", type=int, default=1, help="repeat each level K times (stored as trial 0..K-1)")
+    load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout (default 1800)")
+    rec = p.add_argument_group("recording")
+    rec.add_argument("--db", default=None, help="database URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)")
+    rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run/1 JSON")
+    rec.add_argument("--commit", help="commit measured (default: git HEAD, if in a git checkout)")
+    rec.add_argument("--branch", help="branch measured (default: the current git branch)")
+    rec.add_argument("--tag", action="append", metavar="KEY=VALUE", help="free-form tag (repeatable)")
+    rec.add_argument("--gpus", type=int, default=None, help="GPUs the server uses, for tok/s/GPU (default: --tp)")
+    rec.add_argument("--precision", help="weight precision to record (default: from the model or recipe)")
+    rec.add_argument("--hardware", help="hardware name to record (default: detected)")
+    rec.add_argument("--notes", help="free text stored with the run")
+    p.set_defaults(handler=_sweep)
+
+
+def _config(args: argparse.Namespace):
+    from k2bench.harness.sweep import SweepConfig, parse_concurrency, parse_tags
+    from k2bench.workloads import loader
+
+    for name in ("isl", "osl"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            from k2bench.harness.errors import UserError
+
+            raise UserError(f"--{name} must be at least 1")
+    return SweepConfig(
+        levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
+        url=args.url, engine=args.engine, model=args.model, tp=args.tp, num_prompts=args.num_prompts,
+        warmup=args.warmup, trials=args.trials, db=args.db, json_path=args.json_path, commit=args.commit,
+        branch=args.branch, tags=parse_tags(args.tag), gpus=args.gpus, timeout_s=args.timeout,
+        server_args=args.server_args, precision=args.precision, hardware=args.hardware,
+        ready_timeout_s=args.ready_timeout, notes=args.notes,
+    )
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def results_table(points: list[dict], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("conc", "trial", "tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+                "E2EL p50 ms", "done", "failed", "OSL mismatch"):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(str(p["concurrency"]), str(p.get("trial", 0)), _fmt(p["tput_per_gpu"]),
+                  _fmt(p["interactivity"]["median"]), _fmt(p["ttft_ms"]["median"]), _fmt(p["ttft_ms"]["p99"]),
+                  _fmt(p["tpot_ms"]["median"], ".2f"), _fmt(p["e2el_ms"]["median"]), str(p["completed"]),
+                  str(p["failed"]), str(p.get("osl_mismatches") or 0))
+    return t
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from k2bench.harness.sweep import LevelEvents, run_sweep
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cfg = _config(args)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, refresh_per_second=4)
+
+    def level_start(conc: int, trial: int, total: int):
+        label = f"conc {conc}" + (f" trial {trial}" if cfg.trials > 1 else "")
+        task = progress.add_task(label, total=total)
+        failures = [0]
+
+        def done(rec) -> None:
+            if not rec.success:
+                failures[0] += 1
+                progress.update(task, description=f"{label} [red]{failures[0]} failed[/red]")
+            progress.advance(task)
+
+        return done
+
+    events = LevelEvents(level_start=level_start, message=lambda text: console.print(f"[dim]{text}[/dim]"))
+    with progress:
+        result = run_sweep(cfg, events)
+    title = (f"run {result.run_id} ({result.status}): {result.meta.get('engine')} {result.meta.get('model')}, "
+             f"{result.meta.get('workload')}, {result.meta.get('num_gpus')} GPU(s)")
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)  # a log or pipe: do not squeeze the table to 80 columns
+    out.print(results_table(result.points, title))
+    if cfg.json_path:
+        console.print(f"wrote {cfg.json_path}")
+    bad = sum(p["failed"] for p in result.points)
+    if bad:
+        first = next((e for p in result.points for e in p.get("errors") or []), "")
+        console.print(f"[yellow]{bad} request(s) failed; first error: {first}[/yellow]")
+    return 0
