@@ -108,13 +108,21 @@ def _alembic_config(connection: Connection):
     return cfg
 
 
-def head_revision() -> str:
+def _scripts():
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return ScriptDirectory.from_config(cfg)
+
+
+def head_revision() -> str:
+    return _scripts().get_current_head()
+
+
+def known_revisions() -> set[str]:
+    return {script.revision for script in _scripts().walk_revisions()}
 
 
 def current_revision(connection: Connection) -> str | None:
@@ -131,8 +139,14 @@ def migrate(write_engine: Engine) -> None:
     with write_engine.begin() as conn:
         if conn.dialect.name == "postgresql":  # two processes opening a fresh database at once
             conn.execute(text("SELECT pg_advisory_xact_lock(7231001)"))
-        if current_revision(conn) == head:
+        rev = current_revision(conn)
+        if rev == head:
             return
+        if rev is not None and rev not in known_revisions():
+            raise UserError(
+                f"database {safe_url(write_engine.url)} has schema revision {rev}, which this k2bench does not "
+                f"know (its newest is {head}): it was written by a newer k2bench; upgrade k2bench"
+            )
         command.upgrade(_alembic_config(conn), "head")
 
 

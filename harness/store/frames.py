@@ -58,7 +58,7 @@ class FramesMixin:
         out = []
         for row, rec in pairs:
             t0 = start[(row.concurrency, row.trial)]
-            m = request_metrics(rec)
+            m = request_metrics(rec, with_itl=False)
             out.append((
                 row.concurrency, row.trial, rec.index, (rec.send_ns - t0) / 1e9,
                 None if rec.end_ns is None else (rec.end_ns - t0) / 1e9,

@@ -39,11 +39,22 @@ def run_meta(**over) -> dict:
 
 
 def write_levels(url: str, concurrencies: list[int], seed: int = 0, finish: str | None = "complete",
-                 meta: dict | None = None) -> int:
-    """One run with a level per concurrency (records stored); used in-process and by child processes."""
+                 meta: dict | None = None, ready: str | None = None, go: str | None = None) -> int:
+    """One run with a level per concurrency (records stored); used in-process and by child processes.
+
+    ready/go: file paths for a start barrier (touch ready, then wait until go exists), so that
+    several writer processes really write at the same time."""
+    import time
+    from pathlib import Path
+
     from k2bench.harness.store import Store
 
     with Store.open(url) as store:
+        if ready and go:
+            Path(ready).touch()
+            deadline = time.monotonic() + 120
+            while not Path(go).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         run_id = store.create_run(meta or run_meta())
         for c in concurrencies:
             recs = make_level(c, seed=seed, warmup=2)

@@ -133,3 +133,11 @@ def test_stats_empty_and_single():
 def test_bad_num_gpus_is_user_error(gpus):
     with pytest.raises(UserError, match="num_gpus"):
         summarize_level(level(), concurrency=4, num_gpus=gpus)
+
+
+def test_pooled_itl_equals_per_request_gaps():
+    recs = level()
+    p = summarize_level(recs, concurrency=4, num_gpus=1)
+    pooled = [g for r in recs if r.success and not r.warmup for g in request_metrics(r)["itl_ms"]]
+    assert p["itl_ms"] == stats(pooled)
+    assert request_metrics(recs[2], with_itl=False)["itl_ms"] is None

@@ -288,13 +288,21 @@ def test_killed_sweep_keeps_finished_levels(db_url, tmp_path):
         assert len(s.requests_frame(run["id"])) == 8 + 16
 
 
-def test_two_processes_writing_at_once_lose_nothing(db_url):
+def test_two_processes_writing_at_once_lose_nothing(db_url, tmp_path):
     Store.open(db_url).close()  # schema first, so both children race only on data
-    levels = [1, 2, 4, 8, 16, 32]
+    levels = [1, 2, 4, 8, 16, 32, 64]
+    go = tmp_path / "go"
     procs = [
-        _child(f"from store_helpers import write_levels\nwrite_levels({db_url!r}, {levels!r}, seed={seed})")
+        _child(f"from store_helpers import write_levels\n"
+               f"write_levels({db_url!r}, {levels!r}, seed={seed}, ready={str(tmp_path / f'ready{seed}')!r}, "
+               f"go={str(go)!r})")
         for seed in (1, 2)
     ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{seed}").exists() for seed in (1, 2)):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.02)
+    go.touch()  # both writers start together
     codes = [p.wait(timeout=240) for p in procs]
     assert codes == [0, 0]
     with Store.open(db_url) as s:
@@ -302,3 +310,24 @@ def test_two_processes_writing_at_once_lose_nothing(db_url):
         assert len(runs) == 2 and all(r["levels"] == len(levels) and r["status"] == "complete" for r in runs)
         for r in runs:
             assert len(s.requests_frame(r["id"])) == sum(2 * c for c in levels)
+            assert s.load_records(r["id"], include_warmup=True) == [
+                rec for c in levels for rec in make_level(c, seed=_seed_of(s, r["id"]), warmup=2)]
+
+
+def _seed_of(store: Store, run_id: int) -> int:
+    """Which child wrote a run: seeds shift send stamps by seed seconds (see make_level)."""
+    first = store.load_records(run_id, include_warmup=True)[0]
+    return (first.send_ns - 10**12) // 10**9
+
+
+def test_newer_schema_is_a_clear_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 'future.db'}"
+    Store.open(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(UserError, match="9999.*newer k2bench"):
+        Store.open(url)
+    with pytest.raises(UserError, match="9999"):
+        Store.open(url, readonly=True)
