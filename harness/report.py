@@ -94,7 +94,7 @@ def markdown(res: RegressResult, png_name: str | None = None) -> str:
     if cm:
         cfg = ", ".join(f"{k}={cm[k]}" for k in ("engine", "model", "hardware", "tp", "isl", "osl") if cm.get(k) is not None)
         lines.append(f"Configuration: {cfg}")
-    if res.baseline_reason:
+    if res.baseline_reason and res.overall != "no-baseline":
         lines.append(f"Baseline: {res.baseline_reason}")
     if res.history_runs:
         lines.append(f"Noise history: {len(res.history_runs)} run(s)")
