@@ -4,7 +4,6 @@ benchmark share one code path; Streamlit caching wraps it only at the edges (``c
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 
@@ -65,17 +64,19 @@ def open_store(url: str):
 
 
 def pareto_mask(x, y, maximize_x: bool = True, maximize_y: bool = True) -> np.ndarray:
-    """Frontier membership; prefers the analysis package's definition when it is installed."""
-    try:
-        pareto = importlib.import_module("k2bench.harness.analysis.pareto")
-    except ModuleNotFoundError:
-        pareto = None
-    fn = getattr(pareto, "non_dominated_mask", None) if pareto else None
-    if fn is not None:
-        return np.asarray(fn(x, y, maximize_x=maximize_x, maximize_y=maximize_y), dtype=bool)
-    from k2bench.dashboard._pareto import non_dominated
+    """Which points lie on the frontier, by the analysis package's definition (both axes maximised).
 
-    return non_dominated(x, y, maximize_x, maximize_y)
+    An axis where lower is better (a latency) is handed over as its reciprocal, which keeps the
+    order reversed and the values positive, as the analysis frontier requires."""
+    from k2bench.harness.analysis.pareto import frontier
+
+    xs = np.asarray(x, dtype=float)
+    ys = np.asarray(y, dtype=float)
+    with np.errstate(divide="ignore"):
+        tx = xs if maximize_x else 1.0 / xs
+        ty = ys if maximize_y else 1.0 / ys
+    front = {(float(a), float(b)) for a, b in frontier(tx, ty)}
+    return np.array([(float(a), float(b)) in front for a, b in zip(tx, ty, strict=True)], dtype=bool)
 
 
 def load_points(store) -> pd.DataFrame:
@@ -213,23 +214,24 @@ def delta_table(a: pd.DataFrame, b: pd.DataFrame, metrics=COMPARE_METRICS) -> pd
     return out.reset_index().sort_values("concurrency").reset_index(drop=True)
 
 
+def compare_frontiers(a: pd.DataFrame, b: pd.DataFrame, x: str = "interactivity_median",
+                      y: str = "tput_per_gpu"):
+    """A's and B's frontiers compared at matched interactivity (k2bench.harness.analysis.pareto)."""
+    from k2bench.harness.analysis.pareto import compare_frontiers as compare
+
+    return compare(a[x].to_numpy(float), a[y].to_numpy(float), b[x].to_numpy(float), b[y].to_numpy(float))
+
+
 def matched_interactivity(a: pd.DataFrame, b: pd.DataFrame, x: str = "interactivity_median",
                           y: str = "tput_per_gpu") -> pd.DataFrame:
-    """Throughput of each frontier at A's interactivity levels where both frontiers reach.
-
-    Along a frontier, throughput falls as interactivity rises; B's value between its measured
-    levels is linearly interpolated, and nothing is extrapolated beyond its measured range."""
-    fa = a[pareto_mask(a[x], a[y])].sort_values(x)
-    fb = b[pareto_mask(b[x], b[y])].sort_values(x)
-    if fa.empty or fb.empty:
-        return pd.DataFrame(columns=[x, f"{y} A", f"{y} B", "Δ%"])
-    lo, hi = fb[x].min(), fb[x].max()
-    at = fa[(fa[x] >= lo) & (fa[x] <= hi)]
-    tput_b = np.interp(at[x].to_numpy(), fb[x].to_numpy(), fb[y].to_numpy())
-    out = pd.DataFrame({"concurrency A": at["concurrency"].to_numpy(), x: at[x].to_numpy(),
-                        f"{y} A": at[y].to_numpy(), f"{y} B": tput_b})
-    out["Δ%"] = (out[f"{y} B"] / out[f"{y} A"] - 1.0) * 100.0
-    return out.reset_index(drop=True)
+    """At each of A's frontier levels that B's frontier also reaches, both throughputs (B's
+    interpolated along its frontier, never extrapolated) and the change in percent."""
+    result = compare_frontiers(a, b, x, y)
+    conc = dict(zip(a[x].astype(float), a["concurrency"], strict=True))
+    rows = [{"concurrency A": int(conc[m["interactivity"]]) if m["interactivity"] in conc else None,
+             x: m["interactivity"], f"{y} A": m["baseline"], f"{y} B": m["candidate"],
+             "Δ%": (m["ratio"] - 1.0) * 100.0} for m in result.matched]
+    return pd.DataFrame(rows, columns=["concurrency A", x, f"{y} A", f"{y} B", "Δ%"])
 
 
 def run_label(row) -> str:

@@ -68,6 +68,12 @@ def render(url: str, points: pd.DataFrame) -> None:
     if matched.empty:
         st.info("The two frontiers do not overlap in interactivity, so there is nothing to match.")
     else:
-        st.caption("At A's frontier levels, B's throughput interpolated along B's frontier (no extrapolation).")
+        shift = data.compare_frontiers(la, lb)
+        lo, hi = shift.overlap
+        st.metric("Throughput of B at matched interactivity", f"{shift.geo_mean_ratio:.3f}x A",
+                  delta=f"{shift.shift * 100:+.1f}% vs A")
+        st.caption(f"Geometric mean over the interactivity both frontiers cover ({lo:.3g} to {hi:.3g} tok/s/user); "
+                   "below, A's frontier levels with B's throughput interpolated along B's frontier "
+                   "(log-log, no extrapolation).")
         st.dataframe(matched, hide_index=True, column_config=pct_columns(matched), key="compare_matched")
         csv_download(matched, "compare_matched", key="compare_matched_csv")

@@ -214,6 +214,8 @@ def test_compare_runs_shows_negative_deltas_for_the_regression(fixture, monkeypa
     assert peak.delta.startswith("-")
     matched = page_table(at, "compare_matched")
     assert len(matched) > 0 and (matched["Δ%"] < 0).all()
+    shift = next(m for m in at.metric if m.label == "Throughput of B at matched interactivity")
+    assert shift.delta.startswith("-")
 
 
 def test_compare_reversed_runs_flip_the_sign(fixture, monkeypatch):
