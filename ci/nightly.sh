@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Nightly job, runnable anywhere (GitHub Actions calls it from ci/github/nightly.yml):
+#   1. sweep the checked-out commit of the default branch (run JSON kept in <out>);
+#   2. k2bench changepoints over the branch history (listed, and stored for the dashboard);
+#   3. a report of tonight's run against the latest earlier runs of the branch (never fails the job).
+# Results go to K2BENCH_DB (a secret URL in CI, e.g. postgresql://...); without it they stay in
+# sqlite:///<out>/k2bench.db, which the workflow keeps as an artifact.
+#
+# usage: ci/nightly.sh [--repo DIR] [--branch main] [--out DIR]
+# environment: K2BENCH_DB, K2BENCH_SWEEP_CMD (default "k2bench sweep"), K2BENCH_SWEEP_ARGS,
+#              K2BENCH_CHANGEPOINT_ARGS (e.g. "--window 50 --pvalue 0.001")
+set -euo pipefail
+
+REPO=.
+BRANCH=main
+OUT=${K2BENCH_OUT:-results/nightly}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --repo) REPO=$2; shift 2 ;;
+    --branch) BRANCH=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "ci/nightly.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+REPO=$(cd "$REPO" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
+SHA=$(git -C "$REPO" rev-parse HEAD)
+echo "k2bench nightly: ${SHA:0:10} on $BRANCH, db ${K2BENCH_DB:+(secret URL)}${K2BENCH_DB:-$DB}"
+
+(cd "$REPO" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
+  --commit "$SHA" --branch "$BRANCH" --db "$DB" --json "$OUT/run-${SHA:0:10}.json")
+
+# shellcheck disable=SC2086
+k2bench changepoints --branch "$BRANCH" --db "$DB" ${K2BENCH_CHANGEPOINT_ARGS:-} | tee "$OUT/changepoints.txt"
+
+k2bench regress --candidate "$SHA" --baseline-mode latest --default-branch "$BRANCH" --db "$DB" \
+  --out "$OUT/nightly.md" || echo "k2bench nightly: no report (see above)"

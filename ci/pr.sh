@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# PR gate, runnable anywhere (GitHub Actions calls it from ci/github/pr.yml):
+#   1. sweep the checked-out PR head;
+#   2. make sure its merge-base with the default branch has a comparable run (sweep it in a
+#      temporary git worktree when it has none);
+#   3. k2bench regress against that baseline -> comment.md (+ comment.png) and regress.json;
+#   4. create or update ONE PR comment with gh (found by its hidden marker), when a PR is given;
+#   5. exit 1 on a regression (2/3 on usage or server errors), 0 otherwise.
+#
+# usage: ci/pr.sh [--repo DIR] [--base BRANCH] [--out DIR] [--pr NUMBER]
+# environment (all optional):
+#   K2BENCH_DB            database URL; default sqlite:///<out>/k2bench.db (then keep <out> as an artifact)
+#   K2BENCH_SWEEP_CMD     how to run one sweep from a checkout (default "k2bench sweep"); it is run inside
+#                         the checkout with "$K2BENCH_SWEEP_ARGS --commit SHA --branch NAME --db URL" appended
+#   K2BENCH_SWEEP_ARGS    e.g. "--engine vllm --model /models/x --tp 4 --conc 4..64"
+#   K2BENCH_BASELINE_SWEEP  auto (sweep the merge-base only when it has no comparable run), always, never
+#   K2BENCH_REGRESS_ARGS  extra arguments for k2bench regress, e.g. "--threshold 3% --threshold ttft_ms_p99=10%"
+#   K2BENCH_HEAD_BRANCH   branch name to record for the head (default: current branch, else pr-<N>)
+#   PR_NUMBER, GITHUB_REPOSITORY, GH_TOKEN   where to comment; K2BENCH_NO_COMMENT=1 to skip commenting
+set -euo pipefail
+
+REPO=.
+BASE=${K2BENCH_BASE_BRANCH:-main}
+OUT=${K2BENCH_OUT:-results/pr}
+PR=${PR_NUMBER:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --repo) REPO=$2; shift 2 ;;
+    --base) BASE=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --pr) PR=$2; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "ci/pr.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+MARKER='<!-- k2bench-regress -->'
+REPO=$(cd "$REPO" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
+SWEEP_CMD=${K2BENCH_SWEEP_CMD:-k2bench sweep}
+SWEEP_ARGS=${K2BENCH_SWEEP_ARGS:-}
+BASELINE_SWEEP=${K2BENCH_BASELINE_SWEEP:-auto}
+
+HEAD_SHA=$(git -C "$REPO" rev-parse HEAD)
+HEAD_BRANCH=${K2BENCH_HEAD_BRANCH:-$(git -C "$REPO" rev-parse --abbrev-ref HEAD)}
+if [ "$HEAD_BRANCH" = HEAD ]; then HEAD_BRANCH="pr-${PR:-local}"; fi
+MB=$(git -C "$REPO" merge-base "$BASE" HEAD 2>/dev/null || git -C "$REPO" merge-base "origin/$BASE" HEAD 2>/dev/null || true)
+echo "k2bench PR gate: head ${HEAD_SHA:0:10} ($HEAD_BRANCH), base $BASE, merge-base ${MB:0:10}, db $DB"
+
+sweep() {  # sweep <checkout dir> <commit> <branch>
+  (cd "$1" && bash -c "$SWEEP_CMD $SWEEP_ARGS \"\$@\"" sweep --commit "$2" --branch "$3" --db "$DB")
+}
+
+has_merge_base_run() {  # is there a run at the merge-base comparable with the head's runs?
+  python - "$DB" "$HEAD_SHA" "$REPO" "$BASE" <<'PY'
+import sys
+from k2bench.harness.analysis import baseline as bl
+from k2bench.harness.store import Store
+db, head, repo, base = sys.argv[1:]
+store = Store.open(db, readonly=True)
+cand = bl.resolve_runs(store, head, repo)
+sel = bl.select(store, cand, "auto", bl.BaselineOptions(mode="merge-base", default_branch=base, repo=repo))
+sys.exit(0 if sel.baseline else 1)
+PY
+}
+
+sweep "$REPO" "$HEAD_SHA" "$HEAD_BRANCH"
+
+if [ -n "$MB" ] && [ "$MB" != "$HEAD_SHA" ] && [ "$BASELINE_SWEEP" != never ]; then
+  if [ "$BASELINE_SWEEP" = always ] || ! has_merge_base_run; then
+    WT=$(mktemp -d "${TMPDIR:-/tmp}/k2bench-base.XXXXXX")
+    trap 'git -C "$REPO" worktree remove --force "$WT" >/dev/null 2>&1 || true; rm -rf "$WT"' EXIT
+    git -C "$REPO" worktree add --detach --force "$WT" "$MB" >/dev/null
+    echo "k2bench PR gate: sweeping the merge-base ${MB:0:10} in $WT"
+    sweep "$WT" "$MB" "$BASE"
+  fi
+fi
+
+rc=0
+# shellcheck disable=SC2086  # K2BENCH_REGRESS_ARGS is a list of words on purpose
+k2bench regress --candidate "$HEAD_SHA" --repo "$REPO" --default-branch "$BASE" --db "$DB" \
+  --out "$OUT/comment.md" --fail-on-regression ${K2BENCH_REGRESS_ARGS:-} || rc=$?
+if [ "$rc" -gt 1 ]; then exit "$rc"; fi
+# shellcheck disable=SC2086
+k2bench regress --candidate "$HEAD_SHA" --repo "$REPO" --default-branch "$BASE" --db "$DB" \
+  --format json --out "$OUT/regress.json" ${K2BENCH_REGRESS_ARGS:-} >/dev/null
+
+# A PR comment cannot show a file from the runner: point at the artifact instead of a broken image.
+sed -i 's|^!\[frontiers\](\(.*\))$|_Frontier plot: `\1` in this run'"'"'s workflow artifacts._|' "$OUT/comment.md"
+
+if [ -n "$PR" ] && [ -z "${K2BENCH_NO_COMMENT:-}" ] && command -v gh >/dev/null 2>&1; then
+  REPO_SLUG=${GITHUB_REPOSITORY:?GITHUB_REPOSITORY (owner/name) is needed to comment}
+  ID=$(gh api "repos/$REPO_SLUG/issues/$PR/comments" --paginate \
+        --jq ".[] | select(.body | contains(\"$MARKER\")) | .id" | head -n 1)
+  if [ -n "$ID" ]; then
+    gh api -X PATCH "repos/$REPO_SLUG/issues/comments/$ID" -F "body=@$OUT/comment.md" >/dev/null
+    echo "k2bench PR gate: updated comment $ID on #$PR"
+  else
+    gh api -X POST "repos/$REPO_SLUG/issues/$PR/comments" -F "body=@$OUT/comment.md" >/dev/null
+    echo "k2bench PR gate: commented on #$PR"
+  fi
+else
+  echo "k2bench PR gate: no PR comment (PR number, gh or K2BENCH_NO_COMMENT); the comment is in $OUT/comment.md"
+fi
+echo "k2bench PR gate: exit $rc ($([ "$rc" = 1 ] && echo regression || echo no regression))"
+exit "$rc"

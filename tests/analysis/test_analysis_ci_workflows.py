@@ -1,0 +1,89 @@
+"""Structure check of the GitHub Actions templates (actionlint cannot be built offline here).
+
+Parsed with PyYAML; asserts what matters: triggers, permissions, runner labels, and that the steps
+call the plain scripts, which exist and are valid bash.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[2]
+CI = ROOT / "ci"
+ALLOWED_JOB_KEYS = {"if", "runs-on", "timeout-minutes", "steps", "env", "permissions", "needs", "concurrency",
+                    "strategy", "outputs", "name", "environment", "defaults", "container", "services"}
+ALLOWED_STEP_KEYS = {"name", "uses", "with", "run", "env", "if", "id", "shell", "working-directory",
+                     "continue-on-error", "timeout-minutes"}
+
+
+def _load(name: str) -> dict:
+    doc = yaml.safe_load((CI / "github" / name).read_text())
+    # YAML 1.1 reads the bare key `on` as boolean True
+    doc["on"] = doc.pop(True, doc.get("on"))
+    return doc
+
+
+def _check_common(doc: dict, script: str) -> dict:
+    assert isinstance(doc.get("name"), str) and doc["jobs"]
+    (job_name, job), = doc["jobs"].items()
+    assert set(job) <= ALLOWED_JOB_KEYS, f"unknown job keys: {set(job) - ALLOWED_JOB_KEYS}"
+    labels = job["runs-on"]
+    assert isinstance(labels, list) and "self-hosted" in labels and "gpu" in labels
+    steps = job["steps"]
+    for step in steps:
+        assert set(step) <= ALLOWED_STEP_KEYS, f"unknown step keys: {set(step) - ALLOWED_STEP_KEYS}"
+        assert ("uses" in step) != ("run" in step), f"a step needs exactly one of uses/run: {step}"
+    uses = [s["uses"] for s in steps if "uses" in s]
+    assert any(u.startswith("actions/checkout@v") for u in uses)
+    checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0  # merge-base and history need the full graph
+    runs = [s["run"] for s in steps if "run" in s]
+    assert any(re.search(rf"\bbash ci/{script}\b", r) for r in runs), f"no step calls ci/{script}"
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()"
+    for text in runs + [str(s.get("with", "")) for s in steps] + [str(s.get("env", "")) for s in steps]:
+        assert text.count("${{") == text.count("}}"), f"unbalanced expression in {text!r}"
+    return job
+
+
+def test_pr_workflow_structure():
+    doc = _load("pr.yml")
+    trig = doc["on"]
+    assert set(trig) == {"pull_request"}
+    assert "labeled" in trig["pull_request"]["types"] and "synchronize" in trig["pull_request"]["types"]
+    assert doc["permissions"]["pull-requests"] == "write" and doc["permissions"]["contents"] == "read"
+    job = _check_common(doc, "pr.sh")
+    assert "'benchmark'" in job["if"] and "labels" in job["if"]
+    step = next(s for s in job["steps"] if "ci/pr.sh" in s.get("run", ""))
+    assert {"PR_NUMBER", "GH_TOKEN", "GITHUB_REPOSITORY", "K2BENCH_DB"} <= set(step["env"])
+    assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
+    checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+    assert "pull_request.head.sha" in checkout["with"]["ref"]  # the PR head, not GitHub's merge commit
+
+
+def test_nightly_workflow_structure():
+    doc = _load("nightly.yml")
+    trig = doc["on"]
+    assert "schedule" in trig and "workflow_dispatch" in trig
+    cron = trig["schedule"][0]["cron"]
+    assert len(cron.split()) == 5
+    assert doc["permissions"] == {"contents": "read"}
+    job = _check_common(doc, "nightly.sh")
+    step = next(s for s in job["steps"] if "ci/nightly.sh" in s.get("run", ""))
+    assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
+
+
+@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh"])
+def test_scripts_are_valid_bash_with_help(script):
+    path = CI / script
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    out = subprocess.run(["bash", str(path), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "usage: ci/" in out.stdout
+    bad = subprocess.run(["bash", str(path), "--bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown argument" in bad.stderr
