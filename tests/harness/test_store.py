@@ -331,3 +331,20 @@ def test_newer_schema_is_a_clear_error(tmp_path):
         Store.open(url)
     with pytest.raises(UserError, match="9999"):
         Store.open(url, readonly=True)
+
+
+@pytest.mark.parametrize("stamps", [
+    [],
+    [5],
+    [1_000, 1_000, 21_000_000, 41_000_123],  # a repeated stamp (two messages in one read)
+    [10**12 + 7 * 10**9, 10**12 + 7 * 10**9 + 1],  # a gap too long for 32 bits
+    [10**12 - 500, 10**12 + 5],  # a stamp before send (clock oddity): kept, signed 64-bit path
+])
+def test_stamp_codec_round_trips_exactly(stamps):
+    from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
+
+    send = 10**12
+    blob = encode_stamps(send, stamps)
+    assert decode_stamps(send, blob) == stamps
+    expected = [b - a for a, b in pairwise([send, *stamps])]
+    assert decode_deltas(blob).tolist() == expected
