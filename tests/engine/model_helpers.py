@@ -189,7 +189,6 @@ def rewrite_checkpoint(src: Path, dst: Path, edit, config_edit=None, shards: int
 def tp_worker(rank: int, world: int, port: int, jobs: list, out_path: str) -> None:
     """One TP rank: load each (model_dir, dtype) job, run prefill logits and batched greedy decoding."""
     import torch.distributed as dist
-
     from k2bench.engine.loader import load_model
 
     torch.set_num_threads(1)
