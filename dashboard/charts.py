@@ -103,7 +103,7 @@ def _add_reference(fig: go.Figure, ref: pd.DataFrame, view: View) -> None:
             for row in partial.to_dict("records"):
                 fig.add_vline(x=row[view.x], line_dash="dot", line_color="black",
                               annotation_text=f"ref c{int(row['concurrency'])}: {row[view.x]:g}",
-                              annotation_position="top")
+                              annotation_position="bottom right")
         fig.add_annotation(text=f"Reference: {name}. Source: {source}", xref="paper", yref="paper",
                            x=0, y=1.02, showarrow=False, xanchor="left", yanchor="bottom",
                            font={"size": 10})

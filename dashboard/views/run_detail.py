@@ -26,7 +26,10 @@ def render(url: str, points: pd.DataFrame) -> None:
 
     st.subheader("Metadata")
     rows = [(k, str(meta.get(k))) for k in META_FIELDS if meta.get(k) not in (None, "")]
-    st.table(pd.DataFrame(rows, columns=["field", "value"]).set_index("field"))
+    half = (len(rows) + 1) // 2
+    left, right = st.columns(2)
+    for col, part in ((left, rows[:half]), (right, rows[half:])):
+        col.table(pd.DataFrame(part, columns=["field", "value"]).set_index("field"))
     c1, c2 = st.columns(2)
     with c1:
         st.markdown("**Engine flags**")

@@ -43,7 +43,7 @@ def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, st
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     argv = [sys.executable, "-m", "streamlit", "run", str(app),
             "--server.port", str(args.port), "--server.address", args.host,
-            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     return argv, env
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit")
@@ -254,7 +255,7 @@ def test_run_detail_metadata_levels_and_distributions(fixture, monkeypatch):
     run_id = fixture.runs[("vllm", 2)]
     at = open_page(fixture.url, "Run detail", monkeypatch)
     at.selectbox(key="detail_run").set_value(run_id).run()
-    meta = at.table[0].value
+    meta = pd.concat([t.value for t in at.table])
     assert meta.loc["commit", "value"] == fxdb.COMMITS[2]
     assert meta.loc["hardware", "value"] == "cpu" and meta.loc["engine", "value"] == "vllm"
     assert any('"max_num_seqs"' in j.proto.body for j in at.json)
