@@ -71,6 +71,7 @@ class Run(Base):
     # Who is writing this run (not exported): lets readers tell a live sweep from a dead one.
     writer_host: Mapped[str | None] = mapped_column(String(255))
     writer_pid: Mapped[int | None] = mapped_column(Integer)
+    writer_start: Mapped[int | None] = mapped_column(BigInteger)  # process start, clock ticks since boot
     updated_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 

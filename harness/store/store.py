@@ -6,7 +6,6 @@ all its raw requests), finish_run. So a sweep killed mid-way keeps every finishe
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import db
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.frames import FramesMixin
+from k2bench.harness.store.liveness import current_writer, writer_alive
 from k2bench.harness.store.models import (
     INTERACTIVITY_COLUMNS,
     ChangePoint,
@@ -52,26 +52,12 @@ def _from_db_time(dt: datetime | None) -> str | None:
     return None if dt is None else runjson.format_time(dt.replace(tzinfo=timezone.utc))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 def effective_status(run: Run) -> str:
     """The stored status, except that a "running" run whose writer process is known to be gone
-    (same host, pid no longer alive) reads as "partial": it was killed before finish_run."""
-    if run.status != "running":
-        return run.status
-    if run.writer_pid is None or run.writer_host != socket.gethostname():
-        return "running"  # imported, or written from another host: cannot tell, trust the record
-    return "running" if _pid_alive(run.writer_pid) else "partial"
+    (same host, that process no longer exists) reads as "partial": it was killed before finish_run."""
+    if run.status == "running" and not writer_alive(run.writer_host, run.writer_pid, run.writer_start):
+        return "partial"
+    return run.status
 
 
 class Store(FramesMixin):
@@ -142,8 +128,7 @@ class Store(FramesMixin):
         run = runjson.validate_run(meta)
         with self._writer() as s:
             row = self._new_run(run)
-            row.writer_host = socket.gethostname()
-            row.writer_pid = os.getpid()
+            row.writer_host, row.writer_pid, row.writer_start = current_writer()
             s.add(row)
             s.flush()
             return row.id

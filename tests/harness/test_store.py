@@ -348,3 +348,48 @@ def test_stamp_codec_round_trips_exactly(stamps):
     assert decode_stamps(send, blob) == stamps
     expected = [b - a for a, b in pairwise([send, *stamps])]
     assert decode_deltas(blob).tolist() == expected
+
+
+def test_upgrade_from_first_revision_keeps_data(db_url):
+    """A database created by revision 0001 (before runs.writer_start) migrates on open, data intact."""
+    from alembic import command
+    from k2bench.harness.store import db as dbmod
+
+    if db_url.startswith("sqlite:///"):
+        Path(db_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(dbmod._alembic_config(conn), "0001")
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO runs (id, engine, model, num_gpus, fingerprint, trials, status, started_at, writer_host, "
+            "writer_pid) VALUES (7, 'vllm', 'old-model', 8, 'fp', 1, 'complete', '2026-01-02 03:04:05', 'h', 1)"))
+        conn.execute(text(
+            "INSERT INTO points (run_id, concurrency, trial, num_prompts, completed, failed, osl_mismatches, "
+            "tput_per_gpu) VALUES (7, 64, 0, 640, 640, 0, 0, 1234.5)"))
+        assert dbmod.current_revision(conn) == "0001"
+    with Store.open(db_url) as s:
+        run = s.get_run(7)
+        assert (run["engine"], run["model"], run["levels"]) == ("vllm", "old-model", 1)
+        assert run["started_at"] == "2026-01-02T03:04:05.000000Z"
+        assert s.export_run(7)["points"][0]["tput_per_gpu"] == 1234.5
+    with engine.connect() as conn:
+        assert dbmod.current_revision(conn) == dbmod.head_revision() != "0001"
+        assert "writer_start" in {c["name"] for c in inspect(conn).get_columns("runs")}
+    engine.dispose()
+
+
+def test_recycled_pid_is_not_a_live_writer(store):
+    from k2bench.harness.store.liveness import host_id, process_start
+
+    run_id = store.create_run(run_meta())
+    assert store.get_run(run_id)["effective_status"] == "running"  # this very process
+    engine = create_engine(store.url)
+    with engine.begin() as conn:  # same pid, but a process that started at another time
+        conn.execute(text("UPDATE runs SET writer_start = :t WHERE id = :i"),
+                     {"t": process_start(os.getpid()) + 1, "i": run_id})
+    assert store.get_run(run_id)["effective_status"] == "partial"
+    with engine.begin() as conn:  # another host: cannot judge, trust the record
+        conn.execute(text("UPDATE runs SET writer_host = :h WHERE id = :i"), {"h": host_id() + "x", "i": run_id})
+    engine.dispose()
+    assert store.get_run(run_id)["effective_status"] == "running"
