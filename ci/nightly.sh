@@ -32,7 +32,10 @@ SHA=$(git -C "$REPO" rev-parse HEAD)
 echo "k2bench nightly: ${SHA:0:10} on $BRANCH, db ${K2BENCH_DB:+(secret URL)}${K2BENCH_DB:-$DB}"
 
 (cd "$REPO" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
-  --commit "$SHA" --branch "$BRANCH" --db "$DB" --json "$OUT/run-${SHA:0:10}.json")
+  --commit "$SHA" --branch "$BRANCH" --db "$DB" --json "$OUT/run-${SHA:0:10}.json") || {
+  echo "k2bench nightly: the sweep failed" >&2
+  exit 3
+}
 
 # shellcheck disable=SC2086
 k2bench changepoints --branch "$BRANCH" --db "$DB" ${K2BENCH_CHANGEPOINT_ARGS:-} | tee "$OUT/changepoints.txt"

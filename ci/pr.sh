@@ -4,8 +4,8 @@
 #   2. make sure its merge-base with the default branch has a comparable run (sweep it in a
 #      temporary git worktree when it has none);
 #   3. k2bench regress against that baseline -> comment.md (+ comment.png) and regress.json;
-#   4. create or update ONE PR comment with gh (found by its hidden marker), when a PR is given;
-#   5. exit 1 on a regression (2/3 on usage or server errors), 0 otherwise.
+#   4. create or update ONE PR comment (ci/pr_comment.sh, with gh), when a PR is given;
+#   5. exit 1 on a regression, 0 otherwise; 2 usage, 3 a failed sweep or server, 4 a failed comment.
 #
 # usage: ci/pr.sh [--repo DIR] [--base BRANCH] [--out DIR] [--pr NUMBER]
 # environment (all optional):
@@ -34,7 +34,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-MARKER='<!-- k2bench-regress -->'
 REPO=$(cd "$REPO" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -49,8 +48,11 @@ if [ "$HEAD_BRANCH" = HEAD ]; then HEAD_BRANCH="pr-${PR:-local}"; fi
 MB=$(git -C "$REPO" merge-base "$BASE" HEAD 2>/dev/null || git -C "$REPO" merge-base "origin/$BASE" HEAD 2>/dev/null || true)
 echo "k2bench PR gate: head ${HEAD_SHA:0:10} ($HEAD_BRANCH), base $BASE, merge-base ${MB:0:10}, db $DB"
 
-sweep() {  # sweep <checkout dir> <commit> <branch>
-  (cd "$1" && bash -c "$SWEEP_CMD $SWEEP_ARGS \"\$@\"" sweep --commit "$2" --branch "$3" --db "$DB")
+sweep() {  # sweep <checkout dir> <commit> <branch>; a failed sweep exits 3, never 1 (1 means regression)
+  (cd "$1" && bash -c "$SWEEP_CMD $SWEEP_ARGS \"\$@\"" sweep --commit "$2" --branch "$3" --db "$DB") || {
+    echo "k2bench PR gate: the sweep of ${2:0:10} failed" >&2
+    exit 3
+  }
 }
 
 has_merge_base_run() {  # is there a run at the merge-base comparable with the head's runs?
@@ -81,26 +83,17 @@ fi
 rc=0
 # shellcheck disable=SC2086  # K2BENCH_REGRESS_ARGS is a list of words on purpose
 k2bench regress --candidate "$HEAD_SHA" --repo "$REPO" --default-branch "$BASE" --db "$DB" \
-  --out "$OUT/comment.md" --fail-on-regression ${K2BENCH_REGRESS_ARGS:-} || rc=$?
+  --out "$OUT/comment.md" --json "$OUT/regress.json" --fail-on-regression ${K2BENCH_REGRESS_ARGS:-} || rc=$?
 if [ "$rc" -gt 1 ]; then exit "$rc"; fi
-# shellcheck disable=SC2086
-k2bench regress --candidate "$HEAD_SHA" --repo "$REPO" --default-branch "$BASE" --db "$DB" \
-  --format json --out "$OUT/regress.json" ${K2BENCH_REGRESS_ARGS:-} >/dev/null
 
 # A PR comment cannot show a file from the runner: point at the artifact instead of a broken image.
 sed -i 's|^!\[frontiers\](\(.*\))$|_Frontier plot: `\1` in this run'"'"'s workflow artifacts._|' "$OUT/comment.md"
 
 if [ -n "$PR" ] && [ -z "${K2BENCH_NO_COMMENT:-}" ] && command -v gh >/dev/null 2>&1; then
-  REPO_SLUG=${GITHUB_REPOSITORY:?GITHUB_REPOSITORY (owner/name) is needed to comment}
-  ID=$(gh api "repos/$REPO_SLUG/issues/$PR/comments" --paginate \
-        --jq ".[] | select(.body | contains(\"$MARKER\")) | .id" | head -n 1)
-  if [ -n "$ID" ]; then
-    gh api -X PATCH "repos/$REPO_SLUG/issues/comments/$ID" -F "body=@$OUT/comment.md" >/dev/null
-    echo "k2bench PR gate: updated comment $ID on #$PR"
-  else
-    gh api -X POST "repos/$REPO_SLUG/issues/$PR/comments" -F "body=@$OUT/comment.md" >/dev/null
-    echo "k2bench PR gate: commented on #$PR"
-  fi
+  bash "$(dirname "$0")/pr_comment.sh" "$OUT/comment.md" "$PR" || {
+    echo "k2bench PR gate: could not post the comment" >&2
+    exit 4
+  }
 else
   echo "k2bench PR gate: no PR comment (PR number, gh or K2BENCH_NO_COMMENT); the comment is in $OUT/comment.md"
 fi

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-requests", action="store_true", help="skip per-request samples (faster on huge runs)")
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--out", default=None, help="write the report here (markdown also writes <stem>.png beside it)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="PATH",
+                   help="also write the JSON verdict here (one comparison, both outputs)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is found")
     p.add_argument("--db", default=None, help="database URL (default env K2BENCH_DB or results/k2bench.db)")
     p.set_defaults(handler=_regress)
@@ -125,6 +127,9 @@ def _regress(args) -> int:
         print(f"report written to {args.out}")
     else:
         sys.stdout.write(text)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(report.to_json(res), encoding="utf-8")
     return 1 if (args.fail_on_regression and res.overall == "regression") else 0
 
 

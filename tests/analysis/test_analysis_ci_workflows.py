@@ -79,11 +79,19 @@ def test_nightly_workflow_structure():
     assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
 
 
-@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh"])
+@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh", "pr_comment.sh"])
 def test_scripts_are_valid_bash_with_help(script):
     path = CI / script
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     out = subprocess.run(["bash", str(path), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "usage: ci/" in out.stdout
     bad = subprocess.run(["bash", str(path), "--bogus"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown argument" in bad.stderr
+    assert bad.returncode == 2 and ("unknown argument" in bad.stderr or "usage:" in bad.stderr)
+
+
+def test_pr_comment_refuses_a_body_without_the_marker(tmp_path):
+    body = tmp_path / "c.md"
+    body.write_text("no marker here\n")
+    res = subprocess.run(["bash", str(CI / "pr_comment.sh"), str(body), "3"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "GITHUB_REPOSITORY": "o/r"})
+    assert res.returncode == 2 and "refusing" in res.stderr
