@@ -58,15 +58,18 @@ def make_engines(url: URL, readonly: bool) -> tuple[Engine, Engine | None]:
     """(read engine, write engine); the write engine is None for a read-only store."""
     try:
         if url.get_backend_name() == "sqlite":
+            if sqlite_path(url) is None:  # in-memory: one engine, or reads would see another database
+                engine = _sqlite_engine(url, immediate=not readonly)
+                return engine, None if readonly else engine
             return _sqlite_engine(url, immediate=False), None if readonly else _sqlite_engine(url, immediate=True)
         engine = create_engine(url, pool_pre_ping=True)
         return engine, None if readonly else engine
     except NoSuchModuleError:
         raise UserError(f"database URL {safe_url(url)}: unknown database kind {url.drivername!r}") from None
     except ImportError as exc:
+        hint = "; pip install 'k2bench[postgres]'" if url.get_backend_name() == "postgresql" else ""
         raise UserError(
-            f"database URL {safe_url(url)}: its driver is not installed ({exc.name or exc}); "
-            "for PostgreSQL: pip install 'k2bench[postgres]'"
+            f"database URL {safe_url(url)}: its driver is not installed ({exc.name or exc}){hint}"
         ) from None
     except (ArgumentError, SQLAlchemyError) as exc:
         raise UserError(f"database URL {safe_url(url)}: {first_line(exc)}") from None

@@ -393,3 +393,16 @@ def test_recycled_pid_is_not_a_live_writer(store):
         conn.execute(text("UPDATE runs SET writer_host = :h WHERE id = :i"), {"h": host_id() + "x", "i": run_id})
     engine.dispose()
     assert store.get_run(run_id)["effective_status"] == "running"
+
+
+def test_in_memory_sqlite_works():
+    with Store.open("sqlite://") as s:
+        run_id = write_levels_into(s)
+        assert s.get_run(run_id)["levels"] == 1
+
+
+def write_levels_into(store: Store) -> int:
+    recs = make_level(4)
+    run_id = store.create_run(run_meta())
+    store.add_point(run_id, summarize_level(recs, concurrency=4, num_gpus=2), recs)
+    return run_id
