@@ -406,3 +406,11 @@ def write_levels_into(store: Store) -> int:
     run_id = store.create_run(run_meta())
     store.add_point(run_id, summarize_level(recs, concurrency=4, num_gpus=2), recs)
     return run_id
+
+
+def test_frames_of_an_empty_store_have_their_columns(store):
+    assert len(store.points_frame()) == 0 and "tput_per_gpu" in store.points_frame().columns
+    run_id = store.create_run(run_meta())
+    assert len(store.requests_frame(run_id)) == 0 and "ttft_ms" in store.requests_frame(run_id).columns
+    assert len(store.change_points_frame()) == 0 and "p_value" in store.change_points_frame().columns
+    assert store.itl_ms(run_id, 4).size == 0
