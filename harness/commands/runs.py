@@ -158,10 +158,11 @@ def _show(args) -> int:
         console.print(f"{key:<{width}}  {value}", highlight=False, markup=False)
     if doc["points"]:
         console.print(points_table(doc["points"]))
+        trials = len({p["trial"] for p in doc["points"]}) > 1
         for p in doc["points"]:
             if p["errors"]:
-                console.print(f"conc {p['concurrency']}: first errors: " + "; ".join(p["errors"]),
-                              highlight=False, markup=False)
+                where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")
+                console.print(f"{where}: first errors: " + "; ".join(p["errors"]), highlight=False, markup=False)
     else:
         console.print("no finished levels")
     return 0
