@@ -17,7 +17,6 @@ truth (TTFT and per-token gap are the server's settings), so the table shows:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -30,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from k2bench.harness.loadgen import LevelSpec, Prompt, run_level
+from k2bench.harness.loadgen import LevelSpec, Prompt, event_loop_name, run, run_level
 
 # (concurrency, ttft ms, gap ms, output tokens per request)
 CASES = [(64, 200.0, 20.0, 256), (128, 200.0, 20.0, 256), (64, 200.0, 2.0, 1024), (128, 200.0, 2.0, 1024)]
@@ -81,7 +80,7 @@ def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, cor
         spec = LevelSpec(base_url=f"http://127.0.0.1:{port}", model="k2bench-test", concurrency=conc,
                          num_prompts=waves * conc, num_warmup=conc, timeout_s=600)
         cpu0, wall0 = _cpu_s(), time.perf_counter()
-        records = asyncio.run(run_level(spec, prompts))
+        records = run(run_level(spec, prompts))
         cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
             stats = json.loads(resp.read())
@@ -138,7 +137,8 @@ def main() -> None:
     print("\n".join(lines))
     load = os.getloadavg()
     doc = {"bench": "loadgen", "machine": {"host": platform.node(), "cpus": os.cpu_count(), "pinned": pin,
-                                           "loadavg_at_end": load, "python": platform.python_version()},
+                                           "loadavg_at_end": load, "python": platform.python_version(),
+                                           "event_loop": event_loop_name()},
            "ttft_ms": 200.0, "rows": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

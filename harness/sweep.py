@@ -7,7 +7,6 @@ and the run is marked partial; a run with no finished level is marked failed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import platform
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from k2bench.harness import launch, recipes
 from k2bench.harness.errors import ServerError, UserError
 from k2bench.harness.loadgen import LevelSpec, level_failure, normalize_base_url, probe, run_level
+from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord
 from k2bench.workloads import loader as workloads
 
@@ -238,7 +238,7 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
     """Yield what the run records about the server: base_url, engine, version, flags, command..."""
     if cfg.url:
         base = normalize_base_url(cfg.url)
-        served = asyncio.run(probe(base))
+        served = run_async(probe(base))
         yield {"base_url": base, "engine": cfg.engine or "external", "engine_version": None,
                "engine_flags": None, "server_command": None, "served": served, "model_dir": None, "log": None}
         return
@@ -253,7 +253,7 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
                                 ready_timeout_s=cfg.ready_timeout_s)
     say(f"starting {name}: {server.command}  (log: {server.log_path})")
     with server:
-        served = asyncio.run(probe(server.base_url))
+        served = run_async(probe(server.base_url))
         model_dir = Path(model) if Path(model).is_dir() else None
         yield {"base_url": server.base_url, "engine": name, "engine_version": server.version,
                "engine_flags": server.flags, "server_command": server.command, "served": served,
@@ -306,7 +306,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     spec = LevelSpec(base_url=srv["base_url"], model=request_model, concurrency=conc,
                                      num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s)
                     on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    records = asyncio.run(run_level(spec, prompts, on_done))
+                    records = run_async(run_level(spec, prompts, on_done))
                     reason = level_failure(records)
                     if reason:
                         raise ServerError(f"concurrency {conc}: {reason}")

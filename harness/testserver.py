@@ -23,8 +23,33 @@ import zlib
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 VOCAB_SIZE = 32000
+
+# When the last bytes of each connection's current request came off the socket. Deadlines are
+# counted from there rather than from when the handler started, so a burst of requests that
+# queue in this (single-threaded) server does not shift the truth the client is checked against.
+_ARRIVED: dict[int, float] = {}
+
+
+class _StampedHandler(RequestHandler):
+    __slots__ = ()  # same layout as RequestHandler, so an instance can be switched to this class
+
+    def data_received(self, data: bytes) -> None:
+        _ARRIVED[id(self)] = time.monotonic()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        _ARRIVED.pop(id(self), None)
+        super().connection_lost(exc)
+
+
+class _StampingServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _StampedHandler
+        return handler
 
 
 @dataclass
@@ -82,30 +107,48 @@ class TestServer:
         self.max_active = 0
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/tokenize", self.tokenize)
-        app.router.add_post("/detokenize", self.detokenize)
-        app.router.add_get("/stats", self.stats)
-        return app
+    def routes(self) -> dict[tuple[str, str], object]:
+        return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
+                ("POST", "/v1/completions"): self.completions, ("POST", "/tokenize"): self.tokenize,
+                ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats}
+
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        handler = self._routes.get((request.method, request.path))
+        if handler is None:
+            return _error(404, f"no route {request.method} {request.path}")
+        return await handler(request)
+
+    async def serve(self, host: str, port: int) -> None:
+        """Serve until SIGINT/SIGTERM (aiohttp's low-level server: the routes are few)."""
+        import signal
+
+        self._routes = self.routes()
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        server = _StampingServer(self.dispatch, access_log=None)
+        tcp = await loop.create_server(server, host, port, backlog=4096, reuse_address=True)
+        try:
+            await stop
+        finally:
+            tcp.close()
+            await server.shutdown(1.0)
 
     def _ready(self) -> bool:
         return time.monotonic() - self.started >= self.config.start_delay_s
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: web.BaseRequest) -> web.Response:
         return web.Response(text="ok") if self._ready() else web.Response(status=503, text="starting")
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         if not self._ready():
             return web.Response(status=503, text="starting")
         model = {"id": self.config.model, "object": "model", "owned_by": "k2bench",
                  "max_model_len": self.config.max_model_len}
         return web.json_response({"object": "list", "data": [model]})
 
-    async def stats(self, request: web.Request) -> web.Response:
+    async def stats(self, request: web.BaseRequest) -> web.Response:
         late = sorted(self.late_ms)
 
         def q(f: float) -> float | None:
@@ -114,17 +157,17 @@ class TestServer:
         return web.json_response({"requests": self.requests, "active": self.active, "max_active": self.max_active,
                                   "late_p50_ms": q(0.5), "late_p99_ms": q(0.99), "late_max_ms": q(1.0)})
 
-    async def tokenize(self, request: web.Request) -> web.Response:
+    async def tokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
         ids = _prompt_ids(body.get("prompt", ""))
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.config.max_model_len})
 
-    async def detokenize(self, request: web.Request) -> web.Response:
+    async def detokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
         return web.json_response({"prompt": _detokenize(body.get("tokens", []))})
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        arrived = time.monotonic()
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
+        arrived = _ARRIVED.get(id(request.protocol), time.monotonic())
         cfg = self.config
         self.requests += 1
         n = self.requests
@@ -229,9 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    server = TestServer(config_from_args(args))
-    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None,
-                handle_signals=True, backlog=4096)
+    from k2bench.harness.loadgen import run
+
+    run(TestServer(config_from_args(args)).serve(args.host, args.port))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ uniformly from [floor(L x ratio), L]; 1.0 means exact lengths.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -234,5 +233,7 @@ def build_prompts(w: Workload, n: int, *, base_url: str | None = None, model: st
     if w.mode == "text":
         if not base_url:
             raise UserError("text-mode workloads need a server to tokenize against")
-        prompts = asyncio.run(_text_prompts(base_url, model or "", prompts))
+        from k2bench.harness.loadgen import run
+
+        prompts = run(_text_prompts(base_url, model or "", prompts))
     return prompts

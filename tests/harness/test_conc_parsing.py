@@ -1,0 +1,58 @@
+"""--conc: ranges of powers of two, lists, single levels; everything else rejected with a reason."""
+
+from __future__ import annotations
+
+import pytest
+from k2bench.harness.cli import main
+from k2bench.harness.errors import UserError
+from k2bench.harness.sweep import parse_concurrency
+
+
+@pytest.mark.parametrize(
+    ("text", "levels"),
+    [
+        ("4..128", [4, 8, 16, 32, 64, 128]),
+        ("1..4", [1, 2, 4]),
+        ("64..64", [64]),
+        (" 8 .. 32 ", [8, 16, 32]),
+        ("4,8,32", [4, 8, 32]),
+        ("4, 12, 48", [4, 12, 48]),
+        ("64", [64]),
+        ("1", [1]),
+    ],
+)
+def test_accepted(text: str, levels: list[int]) -> None:
+    assert parse_concurrency(text) == levels
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("0..128", "at least 1"),
+        ("0", "at least 1"),
+        ("4,0", "at least 1"),
+        ("128..4", "lower bound is above"),
+        ("3..128", "powers of two"),
+        ("4..100", "powers of two"),
+        ("-4..8", "expected a range"),
+        ("4-128", "expected a range"),
+        ("4..", "expected a range"),
+        ("abc", "expected a range"),
+        ("", "expected a range"),
+        ("4,,8", "expected a range"),
+        ("2.5", "expected a range"),
+        ("8,8", "listed twice"),
+        ("100000", "above the limit"),
+    ],
+)
+def test_rejected_with_reason(text: str, reason: str) -> None:
+    with pytest.raises(UserError, match=reason):
+        parse_concurrency(text)
+
+
+def test_cli_rejects_bad_conc_with_one_line_and_nonzero_exit(capsys, tmp_path) -> None:
+    code = main(["sweep", "--url", "http://127.0.0.1:9", "--conc", "3..100", "--db", f"sqlite:///{tmp_path}/x.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "powers of two" in err and "Traceback" not in err

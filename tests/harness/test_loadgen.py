@@ -1,0 +1,128 @@
+"""The load generator against the controllable test server, whose timing is the known truth."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import urllib.request
+
+import pytest
+from conftest import free_port
+from k2bench.harness import launch
+from k2bench.harness.errors import ServerError
+from k2bench.harness.loadgen import LevelSpec, Prompt, level_failure, probe, run_level
+from k2bench.harness.metrics import summarize_level
+
+TTFT_MS, ITL_MS, OSL = 200.0, 15.0, 32
+
+
+@contextlib.contextmanager
+def serving(tmp_path, **options):
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    with launch.from_recipe("testserver", model="k2bench-test", extra_args=args, log_dir=tmp_path) as server:
+        yield server.base_url
+
+
+def prompts(n: int = 4, osl: int = OSL, isl: int = 16) -> list[Prompt]:
+    return [Prompt(input_len=isl, output_len=osl, token_ids=[1000 + i + j for j in range(isl)]) for i in range(n)]
+
+
+def level(url: str, conc: int, n: int, warmup: int = 0, osl: int = OSL, timeout_s: float = 60.0):
+    spec = LevelSpec(base_url=url, model="k2bench-test", concurrency=conc, num_prompts=n, num_warmup=warmup,
+                     timeout_s=timeout_s)
+    return asyncio.run(run_level(spec, prompts(osl=osl)))
+
+
+@pytest.fixture(scope="module")
+def timed_server(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("ts"), ttft_ms=TTFT_MS, itl_ms=ITL_MS) as url:
+        yield url
+
+
+@pytest.mark.parametrize("conc", [4, 8, 16, 32, 64])
+def test_measured_timing_matches_truth(timed_server: str, conc: int) -> None:
+    waves = 2
+    records = level(timed_server, conc, n=waves * conc, warmup=conc)
+    point = summarize_level(records, concurrency=conc, num_gpus=1)
+    assert point["completed"] == waves * conc and point["failed"] == 0
+    assert point["ttft_ms"]["median"] == pytest.approx(TTFT_MS, rel=0.02)
+    assert point["tpot_ms"]["median"] == pytest.approx(ITL_MS, rel=0.02)
+    # closed loop: every wave of `conc` requests takes TTFT + (OSL-1) gaps
+    analytic = conc * OSL / ((TTFT_MS + (OSL - 1) * ITL_MS) / 1e3)
+    assert point["output_tput_per_gpu"] == pytest.approx(analytic, rel=0.03)
+    assert point["osl_mismatches"] == 0
+
+
+def test_exactly_n_in_flight_and_warmup_excluded(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=20, itl_ms=2) as url:
+        records = level(url, conc=8, n=24, warmup=8, osl=8)
+        with urllib.request.urlopen(url + "/stats") as resp:
+            stats = json.loads(resp.read())
+    assert stats["max_active"] == 8 and stats["requests"] == 32
+    assert [r.warmup for r in records] == [True] * 8 + [False] * 24
+    assert [r.index for r in records] == list(range(32))
+    point = summarize_level(records, concurrency=8, num_gpus=1)
+    assert point["num_prompts"] == 24
+
+
+def test_multi_token_messages_count_usage_not_messages(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=10, itl_ms=4, tokens_per_message=4) as url:
+        records = level(url, conc=2, n=2, osl=16)
+    for r in records:
+        assert r.success and r.output_tokens == 16 and len(r.token_ns) == 4
+        assert r.token_ns == sorted(r.token_ns) and r.send_ns < r.token_ns[0] <= r.end_ns
+
+
+def test_wrong_completion_tokens_flagged_never_replaced(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=5, itl_ms=1, completion_tokens_delta=-3) as url:
+        records = level(url, conc=2, n=4, osl=10)
+    assert all(r.success and r.output_tokens == 7 and r.osl_mismatch for r in records)
+    assert summarize_level(records, concurrency=2, num_gpus=1)["osl_mismatches"] == 4
+
+
+def test_server_400s_say_what_the_server_said(tmp_path) -> None:
+    with serving(tmp_path, fail_status=400) as url:
+        with pytest.raises(ServerError, match="HTTP 400.*configured to fail"):
+            level(url, conc=2, n=4, warmup=2)
+        records = level(url, conc=2, n=4, warmup=0)
+    assert not any(r.success for r in records)
+    assert "HTTP 400" in level_failure(records) and "configured to fail" in level_failure(records)
+
+
+def test_some_failures_counted_with_first_messages(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=5, itl_ms=1, fail_status=500, fail_every=3) as url:
+        records = level(url, conc=3, n=9, osl=4)
+    point = summarize_level(records, concurrency=3, num_gpus=1)
+    assert point["failed"] == 3 and point["completed"] == 6
+    assert point["errors"] and "HTTP 500" in point["errors"][0]
+    assert level_failure(records) is None
+
+
+def test_stream_ending_early_is_a_failure(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=5, itl_ms=1, end_early_after=5) as url:
+        records = level(url, conc=2, n=2, osl=20)
+    for r in records:
+        assert not r.success
+        assert "ended early" in r.error
+        assert len(r.token_ns) == 5
+    assert "ended early" in level_failure(records)
+
+
+def test_per_request_timeout(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=3000, itl_ms=1) as url:
+        records = level(url, conc=1, n=1, osl=4, timeout_s=0.5)
+    assert not records[0].success and "timed out" in records[0].error
+
+
+def test_unreachable_url_is_a_clear_server_error() -> None:
+    port = free_port()
+    with pytest.raises(ServerError, match=f"cannot reach the server at http://127.0.0.1:{port}"):
+        asyncio.run(probe(f"http://127.0.0.1:{port}/v1"))
+    records = level(f"http://127.0.0.1:{port}", conc=1, n=1)
+    assert "cannot connect" in records[0].error
+
+
+def test_probe_lists_models(tmp_path) -> None:
+    with serving(tmp_path) as url:
+        assert asyncio.run(probe(url + "/v1/")) == ["k2bench-test"]
