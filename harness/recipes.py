@@ -24,6 +24,7 @@ class Recipe:
     version_argv: tuple[str, ...] | None = None  # prints the engine version
     precision: str | None = None
     ready_timeout_s: float = 600.0  # loading a 1T-parameter checkpoint takes minutes
+    default_model: str | None = None  # used when --model is not given
 
 
 def _py(code: str) -> tuple[str, ...]:
@@ -83,6 +84,7 @@ RECIPES: dict[str, Recipe] = {
                   "--model", "{model}"),
             version_argv=("{python}", "-m", "k2bench.harness.cli", "--version"),
             ready_timeout_s=60.0,
+            default_model="k2bench-test",
         ),
     )
 }

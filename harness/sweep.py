@@ -244,7 +244,7 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
         return
     name = cfg.engine or "bundled"
     recipe = recipes.get(name)
-    model = cfg.model
+    model = cfg.model or recipe.default_model
     if model is None:
         if name != "bundled":
             raise UserError(f"--engine {name} needs --model (a model path or hub id)")

@@ -1,0 +1,114 @@
+"""Launcher: readiness, logs, clear errors, and the whole process group always stopped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from k2bench.harness import launch, recipes
+from k2bench.harness.errors import ServerError, UserError
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of ours still answers kill(0); read its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_testserver_recipe_starts_records_and_stops(tmp_path) -> None:
+    server = launch.from_recipe("testserver", model="m", log_dir=tmp_path, extra_args="--ttft-ms 5")
+    with server:
+        pid = server.proc.pid
+        assert _alive(pid)
+        assert server.version and "k2bench" in server.version
+        assert server.flags == ["--ttft-ms", "5"]
+        assert "k2bench.harness.testserver" in server.command and "--ttft-ms 5" in server.command
+    assert _wait_gone(pid)
+    assert server.log_path.parent == tmp_path and server.log_path.read_text().startswith("# k2bench launch")
+
+
+def test_whole_process_group_is_stopped_even_on_ctrl_c(tmp_path) -> None:
+    """The server forks a worker (like TP ranks do); Ctrl-C inside the block must stop both."""
+    port = free_port()
+    child_pid_file = tmp_path / "child.pid"
+    script = (f"sleep 600 & echo $! > {child_pid_file}; "
+              f"exec {sys.executable} -m k2bench.harness.testserver --port {port}")
+    server = launch.Server(["bash", "-c", script], host="127.0.0.1", port=port, log_path=tmp_path / "s.log",
+                           ready_timeout_s=30)
+    with pytest.raises(KeyboardInterrupt):
+        with server:
+            leader = server.proc.pid
+            child = int(child_pid_file.read_text())
+            assert _alive(child)
+            raise KeyboardInterrupt
+    assert _wait_gone(leader) and _wait_gone(child)
+
+
+def test_process_that_dies_reports_log_tail(tmp_path) -> None:
+    argv = [sys.executable, "-c", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(7)"]
+    server = launch.Server(argv, host="127.0.0.1", port=free_port(), log_path=tmp_path / "d.log", ready_timeout_s=30)
+    with pytest.raises(ServerError, match=r"exited with code 7(.|\n)*CUDA out of memory"):
+        with server:
+            pass
+
+
+def test_not_ready_in_time_is_an_error_and_the_server_is_stopped(tmp_path) -> None:
+    server = launch.from_recipe("testserver", model="m", log_dir=tmp_path, extra_args="--start-delay-s 60",
+                                ready_timeout_s=1.5)
+    server.start()
+    pid = server.proc.pid
+    with pytest.raises(ServerError, match=r"not ready \(/health did not answer 200\) within 1.5 s"):
+        with server:
+            pass
+    assert _wait_gone(pid)
+
+
+def test_readiness_waits_for_health_then_models(tmp_path) -> None:
+    server = launch.from_recipe("testserver", model="m", log_dir=tmp_path, extra_args="--start-delay-s 1")
+    t0 = time.monotonic()
+    with server:
+        assert time.monotonic() - t0 >= 1.0
+
+
+def test_unknown_recipe_lists_valid_ones() -> None:
+    with pytest.raises(UserError, match="unknown engine recipe 'trt'; known: atom, bundled, sglang, testserver, vllm"):
+        recipes.get("trt")
+
+
+def test_recipes_render_as_data() -> None:
+    argv, flags = recipes.render(recipes.get("atom"), model="amd/Kimi-K2.5-MXFP4", tp=4, port=8123)
+    assert argv[:3] == ["python3", "-m", "atom.entrypoints.openai_server"]
+    assert ["--server-port", "8123"] == argv[argv.index("--server-port"):argv.index("--server-port") + 2]
+    assert "-tp" in argv and argv[argv.index("-tp") + 1] == "4"
+    assert flags[:2] == ["--scheduler-delay-factor", "1"] and "--trust-remote-code" in flags
+    assert recipes.get("atom").env["AITER_QUICK_REDUCE_QUANTIZATION"] == "INT4"
+    bundled, _ = recipes.render(recipes.get("bundled"), model="/m", tp=2, port=9, extra_args="--max-num-seqs 8")
+    assert bundled[1:4] == ["-m", "k2bench.harness.cli", "serve"] and bundled[-2:] == ["--max-num-seqs", "8"]
+    assert bundled[bundled.index("--tp") + 1] == "2"
+
+
+def test_missing_executable_is_a_server_error(tmp_path) -> None:
+    server = launch.Server(["/nonexistent/k2-server"], host="127.0.0.1", port=free_port(),
+                           log_path=tmp_path / "x.log", ready_timeout_s=5)
+    with pytest.raises(ServerError, match="cannot start"):
+        with server:
+            pass

@@ -1,0 +1,141 @@
+"""`k2bench sweep` end to end against the test server (launched by recipe or attached by URL)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import free_port
+from k2bench.harness import launch
+from k2bench.harness.cli import main
+from k2bench.harness.store import Store
+from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
+from k2bench.workloads.loader import Workload
+
+
+@contextlib.contextmanager
+def serving(tmp_path, *args: str):
+    with launch.from_recipe("testserver", model="k2bench-test", extra_args=list(args), log_dir=tmp_path) as s:
+        yield s.base_url
+
+
+def test_sweep_launches_measures_stores_and_writes_json(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    out = tmp_path / "run.json"
+    code = main(["sweep", "--engine", "testserver", "--server-args", "--ttft-ms 100 --itl-ms 10",
+                 "--isl", "64", "--osl", "16", "--conc", "2,4", "--num-prompts", "8", "--warmup", "2",
+                 "--db", db, "--json", str(out), "--tag", "purpose=test", "--tag", "k=v=w", "--commit", "abc123"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "tok/s/GPU" in captured.out and "TTFT p50" in captured.out
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "k2bench.run/1"
+    run = doc["run"]
+    assert run["status"] == "complete" and run["engine"] == "testserver" and run["commit"] == "abc123"
+    assert run["tags"] == {"purpose": "test", "k": "v=w"}
+    assert "--ttft-ms 100" in run["server_command"] and run["engine_flags"] == ["--ttft-ms", "100", "--itl-ms", "10"]
+    assert run["engine_version"] and (run["isl"], run["osl"], run["num_gpus"]) == (64, 16, 1)
+    assert [p["concurrency"] for p in doc["points"]] == [2, 4]
+    for p in doc["points"]:
+        assert p["completed"] == 8 and p["failed"] == 0
+        assert p["ttft_ms"]["median"] == pytest.approx(100, rel=0.1)
+        assert p["tpot_ms"]["median"] == pytest.approx(10, rel=0.1)
+        assert p["input_tokens"] == 8 * 64 and p["output_tokens"] == 8 * 16
+    with Store.open(db, readonly=True) as store:
+        reqs = store.requests_frame(run["id"])
+        assert len(reqs) == 16 and reqs["success"].all()
+        assert run["extra"]["server_log"] and tmp_path.exists()
+
+
+def test_trials_are_stored_as_trial_numbers(tmp_path) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "1") as url:
+        cfg = SweepConfig(levels=[1, 2], workload=Workload(name="w", isl=8, osl=4), url=url, num_prompts=3,
+                          warmup=1, trials=2, db=db, gpus=2)
+        result = run_sweep(cfg)
+    assert result.status == "complete"
+    with Store.open(db, readonly=True) as store:
+        frame = store.points_frame([result.run_id])
+    assert sorted(zip(frame["concurrency"], frame["trial"], strict=True)) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert set(frame["num_gpus"]) == {2} and set(frame["engine"]) == {"external"}
+
+
+def test_interrupted_sweep_keeps_finished_levels_as_partial(tmp_path) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    out = tmp_path / "partial.json"
+
+    def stop_after_first(point: dict) -> None:
+        raise KeyboardInterrupt
+
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "1") as url:
+        cfg = SweepConfig(levels=[1, 2, 4], workload=Workload(name="w", isl=8, osl=4), url=url, num_prompts=2,
+                          warmup=0, db=db, json_path=str(out))
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(cfg, LevelEvents(level_done=stop_after_first))
+    doc = json.loads(out.read_text())
+    assert doc["run"]["status"] == "partial" and [p["concurrency"] for p in doc["points"]] == [1]
+    with Store.open(db, readonly=True) as store:
+        assert store.list_runs()[0]["status"] == "partial"
+
+
+def test_server_returning_400s_fails_with_its_message(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    with serving(tmp_path, "--fail-status", "400") as url:
+        code = main(["sweep", "--url", url, "--isl", "8", "--osl", "4", "--conc", "2", "--db", db])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "HTTP 400" in err and "configured to fail" in err and "Traceback" not in err
+    with Store.open(db, readonly=True) as store:
+        assert store.list_runs()[0]["status"] == "failed"
+
+
+def test_stream_ending_early_fails_the_level_with_a_clear_error(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "1", "--end-early-after", "3") as url:
+        code = main(["sweep", "--url", url, "--isl", "8", "--osl", "10", "--conc", "2", "--warmup", "0",
+                     "--num-prompts", "2", "--db", db])
+    err = capsys.readouterr().err
+    assert code == 3 and "stream ended early" in err
+
+
+def test_unreachable_url_is_one_clear_line(tmp_path, capsys) -> None:
+    port = free_port()
+    code = main(["sweep", "--url", f"http://127.0.0.1:{port}", "--conc", "4", "--db", f"sqlite:///{tmp_path}/k.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 3 and len(err.splitlines()) == 1
+    assert f"cannot reach the server at http://127.0.0.1:{port}" in err
+
+
+def test_url_and_engine_together_rejected(tmp_path, capsys) -> None:
+    code = main(["sweep", "--url", "http://127.0.0.1:1", "--engine", "vllm", "--db", f"sqlite:///{tmp_path}/k.db"])
+    assert code == 2 and "not both" in capsys.readouterr().err
+
+
+def _engine_commands_exist() -> bool:
+    out = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "--help"], capture_output=True, text=True)
+    return " serve" in out.stdout and " engine" in out.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_default_sweep_runs_the_bundled_tiny_engine(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("torch")
+    if not _engine_commands_exist():
+        pytest.skip("k2bench serve / k2bench engine tiny are not available")
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["sweep", "--isl", "32", "--osl", "8", "--conc", "2", "--num-prompts", "4", "--warmup", "1",
+                 "--db", db, "--json", "run.json"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / "results/models/tiny-mxfp4/config.json").is_file()
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["run"]["engine"] == "bundled" and doc["run"]["precision"] == "mxfp4"
+    point = doc["points"][0]
+    assert point["completed"] == 4 and point["failed"] == 0 and point["osl_mismatches"] == 0
+    assert point["output_tokens"] == 4 * 8
+    shutil.rmtree(tmp_path / "results", ignore_errors=True)
