@@ -58,17 +58,16 @@ def main() -> None:
         st.query_params["page"] = page
     st.sidebar.caption(f"Database: `{_display_url(url)}` (read-only)")
     try:
-        points = cache.points(url)
+        runs = cache.runs(url)
     except UserError as exc:
         first_run_message(url, f"Cannot read the database: {exc}")
         return
-    if points.empty:
-        if cache.run_count(url):
-            first_run_message(url, "Runs exist in this database but none has a finished concurrency level yet.")
-        else:
-            first_run_message(url)
+    if runs.empty:
+        first_run_message(url)
         return
-    PAGES[page](url, points)
-
+    if not (runs["levels"] > 0).any():
+        first_run_message(url, "Runs exist in this database but none has a finished concurrency level yet.")
+        return
+    PAGES[page](url, runs[runs["levels"] > 0])
 
 main()

@@ -17,13 +17,13 @@ def store(url: str):
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def points(url: str) -> pd.DataFrame:
-    return data.load_points(store(url))
+def runs(url: str) -> pd.DataFrame:
+    return data.load_runs(store(url))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def run_count(url: str) -> int:
-    return len(store(url).list_runs())
+def points(url: str, run_ids: tuple[int, ...]) -> pd.DataFrame:
+    return data.load_points(store(url), run_ids)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -38,7 +38,8 @@ def _label(col: str) -> str:
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = False) -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
+    # no template: Streamlit applies its own theme, and building one costs more than the rest
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y,
                       legend={"orientation": "h", "y": -0.2}, margin={"t": 60, "l": 60, "r": 20},
                       hovermode="closest")
     if log:

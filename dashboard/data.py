@@ -79,15 +79,38 @@ def pareto_mask(x, y, maximize_x: bool = True, maximize_y: bool = True) -> np.nd
     return np.array([(float(a), float(b)) in front for a, b in zip(tx, ty, strict=True)], dtype=bool)
 
 
-def load_points(store) -> pd.DataFrame:
-    """All points with a configuration label; empty frame (with columns) when there are none."""
-    df = store.points_frame()
+RUN_COLUMNS = ["run_id", "commit", "branch", "engine", "engine_version", "model", "precision", "hardware",
+               "num_gpus", "tp", "workload", "fingerprint", "started_at", "status", "levels"]
+
+
+def load_runs(store) -> pd.DataFrame:
+    """Every run (one row each, newest first) with its configuration label; pages pick from this
+    and then load the points of only the runs they show."""
+    rows = store.list_runs()
+    df = pd.DataFrame([{**r, "run_id": r["id"]} for r in rows])
     if df.empty:
-        return df
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "config"])
+    df = df[RUN_COLUMNS].copy()
+    df["started_at"] = pd.to_datetime(df["started_at"], utc=True, format="ISO8601")
+    df["config"] = config_labels(df)
+    return df
+
+
+def load_points(store, run_ids=None) -> pd.DataFrame:
+    """Points of the given runs (all runs when None) with configuration labels."""
+    df = store.points_frame(run_ids=None if run_ids is None else list(run_ids))
+    if df.empty:
+        return df.assign(config=pd.Series(dtype=str))
     df = df.copy()
     df["started_at"] = pd.to_datetime(df["started_at"], utc=True)
     df["config"] = config_labels(df)
     return df
+
+
+def latest_run_ids(runs: pd.DataFrame) -> list[int]:
+    """The most recent run of each configuration."""
+    ordered = runs.sort_values(["started_at", "run_id"])
+    return [int(r) for r in ordered.groupby("config").tail(1)["run_id"]]
 
 
 def config_labels(df: pd.DataFrame) -> pd.Series:
@@ -240,9 +263,7 @@ def run_label(row) -> str:
     return f"#{row['run_id']} · {commit} · {row.get('branch') or '-'} · {row.get('engine')} · {when}"
 
 
-def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run (newest first) for pickers."""
-    cols = ["run_id", "commit", "branch", "engine", "model", "hardware", "workload", "fingerprint",
-            "config", "started_at", "status"]
-    runs = df[cols].drop_duplicates("run_id").sort_values(["started_at", "run_id"], ascending=False)
-    return runs.reset_index(drop=True)
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs that have at least one finished level, newest first, for pickers."""
+    out = runs[runs["levels"] > 0].sort_values(["started_at", "run_id"], ascending=False)
+    return out.reset_index(drop=True)

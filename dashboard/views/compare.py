@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
-from k2bench.dashboard import charts, data
+from k2bench.dashboard import cache, charts, data
 from k2bench.dashboard.views.common import csv_download, pct_columns
 from k2bench.dashboard.views.history import config_options
 
 
-def _pick_runs(points: pd.DataFrame):
-    runs = data.runs_table(points)
+def _pick_runs(url: str, runs: pd.DataFrame):
+    runs = data.runs_table(runs)
     labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
     ids = list(labels)
     # default: the newest run against the previous run of the same configuration
@@ -23,28 +23,31 @@ def _pick_runs(points: pd.DataFrame):
     if fa != fb:
         st.warning(f"Runs A and B have different configurations (fingerprints {fa} and {fb}); "
                    "their numbers are not like for like.")
+    points = cache.points(url, tuple(sorted({int(a), int(b)})))
     la = data.per_run_levels(points[points["run_id"] == a])
     lb = data.per_run_levels(points[points["run_id"] == b])
     return la, lb, f"A: run #{a}", f"B: run #{b}"
 
 
-def _pick_commits(points: pd.DataFrame):
-    configs = config_options(points)
+def _pick_commits(url: str, runs: pd.DataFrame):
+    configs = config_options(runs)
     fp = st.selectbox("Configuration", list(configs), format_func=configs.get, key="compare_config")
-    sel = points[points["fingerprint"] == fp]
-    commits = list(sel.groupby("commit")["started_at"].min().sort_values(ascending=False).index)
+    sel_runs = runs[runs["fingerprint"] == fp]
+    commits = list(sel_runs.groupby("commit")["started_at"].min().sort_values(ascending=False).index)
     c1, c2 = st.columns(2)
     a = c1.selectbox("Commit A (baseline)", commits, index=min(1, len(commits) - 1), key="compare_commit_a")
     b = c2.selectbox("Commit B (candidate)", commits, index=0, key="compare_commit_b")
+    ids = sel_runs.loc[sel_runs["commit"].isin([a, b]), "run_id"]
+    sel = cache.points(url, tuple(sorted(int(r) for r in ids)))
     la = data.median_over_runs(sel[sel["commit"] == a], by="commit")
     lb = data.median_over_runs(sel[sel["commit"] == b], by="commit")
     return la, lb, f"A: {str(a)[:10]}", f"B: {str(b)[:10]}"
 
 
-def render(url: str, points: pd.DataFrame) -> None:
+def render(url: str, runs: pd.DataFrame) -> None:
     st.title("Compare")
     mode = st.radio("Compare", ["Two runs", "Two commits"], horizontal=True, key="compare_mode")
-    la, lb, name_a, name_b = _pick_runs(points) if mode == "Two runs" else _pick_commits(points)
+    la, lb, name_a, name_b = _pick_runs(url, runs) if mode == "Two runs" else _pick_commits(url, runs)
     both = pd.concat([la.assign(side=name_a), lb.assign(side=name_b)], ignore_index=True)
     view = charts.VIEWS["Throughput vs interactivity"]
     fig = charts.frontier_figure(both, view, by="side", title=f"Frontiers: {name_a} vs {name_b}")

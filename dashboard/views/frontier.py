@@ -13,29 +13,38 @@ TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median"
                  "tpot_ms_median", "e2el_ms_median"]
 
 
-def sidebar_filters(points: pd.DataFrame) -> pd.DataFrame:
+def sidebar_filters(runs: pd.DataFrame) -> pd.DataFrame:
     st.sidebar.subheader("Filters")
     chosen = {}
     for col in data.FILTER_COLUMNS:
-        values = sorted(v for v in points[col].dropna().unique())
+        values = sorted(v for v in runs[col].dropna().unique())
         chosen[col] = st.sidebar.multiselect(col.capitalize(), values, key=f"filter_{col}")
-    first, last = points["started_at"].min().date(), points["started_at"].max().date()
+    first, last = runs["started_at"].min().date(), runs["started_at"].max().date()
     dates = st.sidebar.date_input("Date range", value=(first, last), min_value=first, max_value=last,
                                   key="filter_dates")
     date_range = dates if isinstance(dates, (tuple, list)) and len(dates) == 2 else None
-    return data.filter_points(points, chosen, date_range)
+    return data.filter_points(runs, chosen, date_range)
+
+
+def runs_to_load(selected: pd.DataFrame, mode: str) -> tuple[int, ...]:
+    """Only the latest run of each configuration is read unless the median over runs is asked for."""
+    ids = data.latest_run_ids(selected) if mode == MODES[0] else selected["run_id"]
+    return tuple(sorted(int(i) for i in ids))
 
 
 def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool):
-    """The page's table and figure from the filtered points (also timed by bench/dashboard_bench.py)."""
+    """The page's table and figure from the selected runs' points (also timed by bench/dashboard_bench.py)."""
     levels = data.latest_run_per_config(points) if mode == MODES[0] else data.median_over_runs(points)
     fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log)
     return levels, fig
 
 
-def render(url: str, points: pd.DataFrame) -> None:
+def render(url: str, runs: pd.DataFrame) -> None:
+    # Streamlit caching only inside a running app: the benchmark imports build() without it
+    from k2bench.dashboard import cache
+
     st.title("Frontier")
-    selected = sidebar_filters(points)
+    selected = sidebar_filters(runs)
     c1, c2, c3 = st.columns([3, 2, 2])
     view_name = c1.radio("View", list(charts.VIEWS), horizontal=True, key="frontier_view")
     mode = c2.selectbox("Points", MODES, key="frontier_mode")
@@ -45,7 +54,8 @@ def render(url: str, points: pd.DataFrame) -> None:
         st.warning("No runs match these filters.")
         return
     reference = load_reference() if show_ref else None
-    levels, fig = build(selected, view_name, mode, reference, log)
+    points = cache.points(url, runs_to_load(selected, mode))
+    levels, fig = build(points, view_name, mode, reference, log)
     st.plotly_chart(fig, key="frontier_chart")
     n_runs = selected["run_id"].nunique()
     st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection. "

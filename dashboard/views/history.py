@@ -10,21 +10,21 @@ from k2bench.dashboard.views.common import csv_download
 ALL = "(all branches)"
 
 
-def config_options(points: pd.DataFrame) -> dict[str, str]:
+def config_options(runs: pd.DataFrame) -> dict[str, str]:
     """fingerprint -> label, most recently run configuration first."""
-    latest = points.groupby("fingerprint")["started_at"].max().sort_values(ascending=False)
-    labels = points.drop_duplicates("fingerprint").set_index("fingerprint")["config"]
+    latest = runs.groupby("fingerprint")["started_at"].max().sort_values(ascending=False, kind="stable")
+    labels = runs.drop_duplicates("fingerprint").set_index("fingerprint")["config"]
     return {fp: labels[fp] for fp in latest.index}
 
 
-def render(url: str, points: pd.DataFrame) -> None:
+def render(url: str, runs: pd.DataFrame) -> None:
     st.title("History")
-    configs = config_options(points)
+    configs = config_options(runs)
     fp = st.selectbox("Configuration", list(configs), format_func=configs.get, key="history_config")
-    sel = points[points["fingerprint"] == fp]
+    points = cache.points(url, tuple(sorted(int(r) for r in runs.loc[runs["fingerprint"] == fp, "run_id"])))
     c1, c2, c3, c4 = st.columns(4)
-    branch = c1.selectbox("Branch", [ALL, *sorted(sel["branch"].dropna().unique())], key="history_branch")
-    levels = sorted(int(c) for c in sel["concurrency"].unique())
+    branch = c1.selectbox("Branch", [ALL, *sorted(points["branch"].dropna().unique())], key="history_branch")
+    levels = sorted(int(c) for c in points["concurrency"].unique())
     conc = c2.selectbox("Concurrency", levels, index=len(levels) - 1, key="history_conc")
     metric = c3.selectbox("Metric", list(data.METRICS), format_func=lambda m: data.METRICS[m].label,
                           key="history_metric")

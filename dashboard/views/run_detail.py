@@ -14,9 +14,9 @@ META_FIELDS = ["commit", "branch", "status", "engine", "engine_version", "model"
                "num_gpus", "tp", "workload", "isl", "osl", "started_at", "finished_at", "fingerprint"]
 
 
-def render(url: str, points: pd.DataFrame) -> None:
+def render(url: str, runs: pd.DataFrame) -> None:
     st.title("Run detail")
-    runs = data.runs_table(points)
+    runs = data.runs_table(runs)
     labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
     ids = list(labels)
     wanted = st.query_params.get("run")
@@ -44,7 +44,7 @@ def render(url: str, points: pd.DataFrame) -> None:
             st.json(meta["tags"])
 
     st.subheader("Per-level results")
-    levels = data.per_run_levels(points[points["run_id"] == run_id])
+    levels = data.per_run_levels(cache.points(url, (int(run_id),)))
     table = levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
     st.dataframe(table, hide_index=True, key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")

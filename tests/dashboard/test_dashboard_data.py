@@ -71,3 +71,17 @@ def test_reference_quote_is_verbatim_from_the_seed():
     (path,) = reference_dir().glob("mi355x_*.json")
     quote = json.loads(path.read_text())["source"]["quote"]
     assert quote in SEED.read_text()
+
+
+def test_dashboard_store_is_read_only(tmp_path):
+    from k2bench.harness.errors import UserError
+    from k2bench.harness.store import Store
+
+    url = f"sqlite:///{tmp_path / 'ro.db'}"
+    Store.open(url).close()
+    store = data.open_store(url)
+    try:
+        with pytest.raises(UserError, match="read-only"):
+            store.create_run({"engine": "x", "model": "m", "num_gpus": 1})
+    finally:
+        store.close()

@@ -307,3 +307,56 @@ def test_missing_database_is_a_message_not_a_traceback(tmp_path, monkeypatch):
     at = open_page(url, "Frontier", monkeypatch)
     assert "Cannot read the database" in at.info[0].value
     assert not (tmp_path / "nowhere.db").exists()  # read-only: nothing was created
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+
+@pytest.fixture(scope="module")
+def pg_fixture():
+    """The same fixture in a private database of the test PostgreSQL (created here, dropped after)."""
+    import os
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = os.environ.get("K2BENCH_TEST_PG_URL")
+    if not base:
+        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
+    name = f"k2bench_dash_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield fxdb.build(url)
+    finally:
+        from k2bench.dashboard import cache
+
+        cache.store.clear()  # the cached read-only engine holds connections to the database
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_pages_on_postgresql(pg_fixture, monkeypatch):
+    at = open_page(pg_fixture.url, "Frontier", monkeypatch)
+    (fig,) = figures(at)
+    (points,) = [t for t in fig["data"] if t["name"].startswith("bundled") and t["mode"] == "markers+text"]
+    assert points["y"] == pytest.approx([fxdb.expected_tput("bundled", c, LAST) for c in fxdb.LEVELS], rel=1e-9)
+
+    at = open_page(pg_fixture.url, "History", monkeypatch)
+    at.selectbox(key="history_config").set_value(pg_fixture.fingerprints["bundled"]).run()
+    at.selectbox(key="history_conc").set_value(32).run()
+    assert traces(figures(at)[0], "change point (regression)")
+
+    at = open_page(pg_fixture.url, "Compare", monkeypatch)
+    at.selectbox(key="compare_run_a").set_value(pg_fixture.runs[("bundled", LAST - 1)]).run()
+    at.selectbox(key="compare_run_b").set_value(pg_fixture.runs[("bundled", LAST)]).run()
+    assert (page_table(at, "compare_deltas")["tput_per_gpu Δ%"] < 0).all()
+
+    at = open_page(pg_fixture.url, "Run detail", monkeypatch)
+    assert [f["layout"]["title"]["text"] for f in figures(at)] == [
+        "TTFT distribution", "Inter-token latency CDF", "Request timeline"]
