@@ -30,7 +30,7 @@ DEFAULT_SCALE_RULE = "even"
 # Code -> value for the 16 E2M1 codes; bit 3 is the sign.
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
-_LUT_CACHE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_LUT_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -131,21 +131,45 @@ def quantize_mxfp4(
     return pack_fp4(codes.reshape(*x.shape[:-1], k)), scale
 
 
+def _byte_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 2]: the two E2M1 values (low nibble first) of every byte, so decoding is one gather."""
+    key = (device, dtype, "byte")
+    if key not in _LUT_CACHE:
+        b = torch.arange(256, device=device)
+        _LUT_CACHE[key] = torch.stack((_lut(device, dtype)[b & 0x0F], _lut(device, dtype)[b >> 4]), dim=-1)
+    return _LUT_CACHE[key]
+
+
 def dequantize_mxfp4(
     packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """(packed [..., K/2], scales [..., K/32]) -> values [..., K] in `dtype` (computed in float32)."""
-    codes = unpack_fp4(packed)
-    k = codes.shape[-1]
+    """(packed [..., K/2], scales [..., K/32]) -> values [..., K] in `dtype` (exact: every product is representable)."""
+    p = _as_uint8(packed)
+    k = p.shape[-1] * 2
     sc = _as_uint8(scale)
-    if sc.shape[-1] * BLOCK != k or sc.shape[:-1] != codes.shape[:-1]:
+    if sc.shape[-1] * BLOCK != k or sc.shape[:-1] != p.shape[:-1]:
         raise ValueError(f"MXFP4 scale shape {tuple(sc.shape)} does not match packed {tuple(packed.shape)}")
-    vals = e2m1_decode(codes).reshape(*codes.shape[:-1], k // BLOCK, BLOCK)
+    vals = _byte_lut(p.device, torch.float32)[p.long()].reshape(*p.shape[:-1], k // BLOCK, BLOCK)
     out = vals * e8m0_to_float(sc).unsqueeze(-1)
-    return out.reshape(*codes.shape[:-1], k).to(dtype)
+    return out.reshape(*p.shape[:-1], k).to(dtype)
 
 
 def fake_quantize_mxfp4(x: torch.Tensor, scale_rule: str = DEFAULT_SCALE_RULE) -> torch.Tensor:
-    """Quantise-dequantise per 32 along the last dim: the A4W4 activation numerics, in x's dtype."""
-    packed, scale = quantize_mxfp4(x, scale_rule)
-    return dequantize_mxfp4(packed, scale, x.dtype)
+    """Quantise-dequantise per 32 along the last dim (the A4W4 activation numerics), in x's dtype.
+
+    Same result as dequantize(quantize(x)), computed without codes: on the E2M1 grid the spacing is
+    0.5 below 2, 1 in [2, 4) and 2 above, so rounding is torch.round (half to even) at that spacing,
+    and the even neighbour is always the even code.
+    """
+    k = x.shape[-1]
+    if k % BLOCK:
+        raise ValueError(f"MXFP4 needs the last dim to be a multiple of {BLOCK}, got {k}")
+    xb = x.float().reshape(*x.shape[:-1], k // BLOCK, BLOCK)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    finite = torch.isfinite(amax)
+    scale = torch.exp2(shared_exponent(torch.where(finite, amax, torch.zeros_like(amax)), scale_rule).float())
+    m = (xb / scale).abs()
+    q = torch.where(m < 2, torch.round(m * 2) * 0.5, torch.where(m < 4, torch.round(m), torch.round(m * 0.5) * 2))
+    q = torch.copysign(q.clamp(max=6.0), xb) * scale
+    q = torch.where(finite, q, torch.full_like(q, float("nan")))
+    return q.reshape(x.shape).to(x.dtype)

@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
 
+# Upper bound on float32 attention scores held at once (elements); long prefills run in query slices.
+SCORE_BUDGET = 1 << 22
+
 
 class TorchBackend:
     name = "torch"
@@ -72,32 +75,71 @@ class TorchBackend:
     ) -> torch.Tensor:
         """Causal attention of each sequence's new tokens over its cached latents (absorbed MLA).
 
-        q_lat [T, H, r] (query already multiplied into the latent space), q_pe [T, H, rope];
-        the cache holds [latent r | rope key] per token. Scores and softmax run in float32.
+        q_lat [T, H, r] (the no-rope query multiplied into the latent space), q_pe [T, H, rope]; the
+        cache holds [latent r | rope key] per token, shared by all heads, so it is both the key (all
+        of it) and the value (the latent part). Single-token (decode) sequences are batched, padded to
+        the longest context in groups; prefill chunks run one sequence at a time.
         """
         T, H, r = q_lat.shape
+        q = torch.cat((q_lat, q_pe.to(q_lat.dtype)), dim=-1)  # [T, H, D]
         out = torch.empty(T, H, r, dtype=q_lat.dtype, device=q_lat.device)
-        bs = meta.block_size
         flat = kv_cache.view(-1, kv_cache.shape[-1])
         cu = meta.cu_seqlens_q.tolist()
         ctx_lens = meta.context_lens.tolist()
+        decodes = [b for b in range(len(ctx_lens)) if cu[b + 1] - cu[b] == 1]
         for b in range(len(ctx_lens)):
             s, e, ctx = cu[b], cu[b + 1], ctx_lens[b]
-            n = e - s
-            if n == 0:
+            if e - s <= 1:
                 continue
-            nblk = (ctx + bs - 1) // bs
-            blocks = meta.block_tables[b, :nblk].to(torch.long)
-            slots = (blocks.unsqueeze(1) * bs + torch.arange(bs, device=blocks.device)).reshape(-1)[:ctx]
-            kv = flat[slots].float()  # [ctx, r + rope]
-            lat, kpe = kv[:, :kv_lora_rank], kv[:, kv_lora_rank:]
-            scores = torch.einsum("thr,cr->htc", q_lat[s:e].float(), lat)
-            scores = scores + torch.einsum("thd,cd->htc", q_pe[s:e].float(), kpe)
-            scores = scores * scale
-            if n > 1:
-                qpos = torch.arange(ctx - n, ctx, device=scores.device).unsqueeze(1)
-                kpos = torch.arange(ctx, device=scores.device).unsqueeze(0)
-                scores = scores.masked_fill((kpos > qpos).unsqueeze(0), float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out[s:e] = torch.einsum("htc,cr->thr", probs, lat).to(out.dtype)
+            kv = flat[self._slots(meta, b, ctx)].to(q.dtype)
+            out[s:e] = self._attend(q[s:e].unsqueeze(0), kv.unsqueeze(0), None, ctx, scale, r)[0]
+        if decodes:
+            width = max(ctx_lens[b] for b in decodes)
+            group = max(1, (1 << 26) // max(1, width * flat.shape[-1]))  # bound the gathered keys
+            for g0 in range(0, len(decodes), group):
+                rows = decodes[g0 : g0 + group]
+                slots = torch.stack([self._slots(meta, b, width, pad=True) for b in rows])
+                kv = flat[slots].to(q.dtype)  # [G, width, D]
+                lens = torch.tensor([ctx_lens[b] for b in rows], device=q.device)
+                valid = torch.arange(width, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
+                idx = torch.tensor([cu[b] for b in rows], device=q.device)
+                out[idx] = self._attend(q[idx].unsqueeze(1), kv, valid, width, scale, r)[:, 0]
+        return out
+
+    @staticmethod
+    def _slots(meta: AttentionMetadata, b: int, n: int, pad: bool = False) -> torch.Tensor:
+        """Flat cache slots of positions 0..n-1 of sequence b (past its blocks: slot of block 0, masked)."""
+        bs = meta.block_size
+        nblk = (n + bs - 1) // bs
+        blocks = meta.block_tables[b, :nblk].to(torch.long)
+        if pad and blocks.shape[0] < nblk:
+            blocks = torch.cat((blocks, blocks.new_zeros(nblk - blocks.shape[0])))
+        return (blocks.unsqueeze(1) * bs + torch.arange(bs, device=blocks.device)).reshape(-1)[:n]
+
+    @staticmethod
+    def _attend(
+        q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor | None, ctx: int, scale: float, r: int
+    ) -> torch.Tensor:
+        """q [B, n, H, D], kv [B, ctx, D] -> [B, n, H, r]; queries are the last n positions (causal).
+
+        All heads share the one latent key/value, so heads simply become extra query rows of a single
+        matmul (no per-head copies of the cache). Queries are processed in slices so the score matrix
+        stays bounded for long prefills; scores and softmax are float32.
+        """
+        B, n, H, D = q.shape
+        out = torch.empty(B, n, H, r, dtype=q.dtype, device=q.device)
+        step = n if n == 1 else max(16, SCORE_BUDGET // max(1, B * H * ctx))
+        for a in range(0, n, step):
+            z = min(n, a + step)
+            kend = ctx - n + z  # query i sits at position ctx - n + i: later keys are never visible
+            rows = q[:, a:z].reshape(B, (z - a) * H, D)
+            scores = torch.bmm(rows, kv[:, :kend].transpose(1, 2)).float().view(B, z - a, H, kend) * scale
+            if z - a > 1:
+                qpos = torch.arange(ctx - n + a, kend, device=q.device)
+                future = torch.arange(kend, device=q.device).view(1, kend) > qpos.view(-1, 1)
+                scores.masked_fill_(future.view(1, z - a, 1, kend), float("-inf"))
+            if valid is not None:
+                scores.masked_fill_(~valid[:, :kend].view(B, 1, 1, kend), float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(kv.dtype).view(B, (z - a) * H, kend)
+            out[:, a:z] = torch.bmm(probs, kv[:, :kend, :r]).view(B, z - a, H, r)
         return out

@@ -56,6 +56,22 @@ def test_greedy_paged_prefill_decode_match_hf(hf_dir):
     assert PagedDriver(model, cfg, seed=2, block_size=2).greedy(PROMPTS, STEPS, chunk=3) == expected
 
 
+def test_long_prefill_in_query_slices_matches_hf(hf_dir, monkeypatch):
+    from k2bench.engine.kernels import torch_backend
+    from k2bench.engine.loader import load_model
+
+    d, ref = hf_dir
+    monkeypatch.setattr(torch_backend, "SCORE_BUDGET", 64)  # 16-query slices with causal key cut-off
+    model, cfg = load_model(d, dtype="float32")
+    prompt = [(7 * i + 3) % 96 for i in range(45)]
+    drv = PagedDriver(model, cfg, seed=4)
+    torch.testing.assert_close(drv.prefill_all_logits(0, prompt), hf_logits(ref, prompt), atol=2e-4, rtol=1e-4)
+    # a second chunk on top of cached context, also sliced
+    more = [(5 * i + 1) % 96 for i in range(37)]
+    last = drv.step([(0, more)])[0]
+    torch.testing.assert_close(last, hf_logits(ref, prompt + more)[-1], atol=2e-4, rtol=1e-4)
+
+
 def test_decode_logits_match_hf(hf_dir):
     from k2bench.engine.loader import load_model
 

@@ -124,6 +124,16 @@ def test_zero_block_nan_scale_and_extremes():
     assert s.item() == 0
 
 
+@pytest.mark.parametrize("rule", ["ocp", "even", "ceil"])
+def test_fast_fake_quant_equals_quantise_dequantise(rule):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 256, generator=g) * torch.logspace(-3, 3, 16).unsqueeze(1)
+    x[0, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0] * 4)  # ties and saturation
+    x[1, 40] = float("inf")
+    ref = dequantize_mxfp4(*quantize_mxfp4(x, rule))
+    torch.testing.assert_close(fake_quantize_mxfp4(x, rule), ref, atol=0, rtol=0, equal_nan=True)
+
+
 def test_fake_quant_and_shapes():
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     y = fake_quantize_mxfp4(x)
