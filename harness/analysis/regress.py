@@ -9,8 +9,8 @@ A change is flagged only when it is both
 1. larger than a threshold (default 5%, overridable per metric), direction-aware: throughput and
    interactivity are better higher, latencies better lower; and
 2. significant (one-sided p below ``alpha``) in every test that applies:
-   * the noise test against the robust spread (median/MAD) of the baseline history, when that
-     history holds at least ``min_history`` runs;
+   * the noise test against the spread of the baseline history (a Student-t prediction test on
+     runs screened for outliers by median/MAD), when that history holds at least ``min_history`` runs;
    * a Mann-Whitney U test on repeated trials (``sweep --trials K``) when both sides have enough of
      them to reach ``alpha``, otherwise on per-request samples when request frames are given.
 
@@ -213,36 +213,43 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
 
 def _verdict(m: Metric, conc: int, cand, base, c_run, b_run, h_run, cand_req, base_req,
              cfg: RegressConfig) -> Verdict:
-    c_vals = c_run.loc[c_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
-    b_vals = b_run.loc[b_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
+    def col(frame):
+        return frame.loc[frame["concurrency"] == conc, m.column].dropna().to_numpy(float)
+
+    h_vals = col(h_run) if h_run is not None else None
+    cs, bs = request_samples(cand_req, conc, m.sample), request_samples(base_req, conc, m.sample)
+    return decide(m, conc, col(b_run), col(c_run), h_vals, col(base), col(cand), bs, cs, cfg)
+
+
+def decide(m: Metric, conc: int, b_vals: np.ndarray, c_vals: np.ndarray, h_vals: np.ndarray | None,
+           b_trials: np.ndarray, c_trials: np.ndarray, b_samples: np.ndarray | None,
+           c_samples: np.ndarray | None, cfg: RegressConfig) -> Verdict:
+    """The verdict for one metric at one level from plain arrays (per-run values, trials, requests).
+
+    bench/regress_bench.py calls this directly, so the simulated rates are those of the real rule.
+    """
     thr = cfg.threshold_for(m.column)
     if len(c_vals) == 0 or len(b_vals) == 0:
         return Verdict(m.column, m.label, conc, m.higher_is_better, math.nan, math.nan, math.nan,
                        math.nan, thr, status="missing")
-    c_center = float(np.median(c_vals))
-    b_center = float(np.median(b_vals))
+    c_center, b_center = stats.center(c_vals), stats.center(b_vals)
     eff = stats.effect(b_center, c_center, m.higher_is_better)
     v = Verdict(m.column, m.label, conc, m.higher_is_better, b_center, c_center, eff.rel_change,
                 eff.worse_by, thr)
     tests = []
-    if h_run is not None:
-        h_vals = h_run.loc[h_run["concurrency"] == conc, m.column].dropna().to_numpy(float)
-        if len(h_vals) >= cfg.min_history:
-            nt = stats.noise_test(h_vals, b_center, c_center, n_baseline=len(b_vals),
-                                  baseline_is_median=len(b_vals) > 2)
-            v.noise_p, v.noise_z = nt.p_value, nt.z
-            tests.append(nt.p_value)
+    if h_vals is not None and len(h_vals) >= cfg.min_history:
+        nt = stats.noise_test(h_vals, b_center, c_center, n_baseline=len(stats.screened(b_vals)),
+                              n_candidate=len(stats.screened(c_vals)))
+        v.noise_p, v.noise_z = nt.p_value, nt.z
+        tests.append(nt.p_value)
     alternative = "greater" if eff.rel_change > 0 else "less"
-    c_trials = cand.loc[cand["concurrency"] == conc, m.column].dropna().to_numpy(float)
-    b_trials = base.loc[base["concurrency"] == conc, m.column].dropna().to_numpy(float)
     rank = None
     if (len(c_trials) >= 2 and len(b_trials) >= 2
             and stats.min_mann_whitney_p(len(b_trials), len(c_trials)) < cfg.alpha):
         rank, v.mw_source = stats.mann_whitney(b_trials, c_trials, alternative), "trials"
-    else:
-        cs, bs = request_samples(cand_req, conc, m.sample), request_samples(base_req, conc, m.sample)
-        if (cs is not None and bs is not None and min(len(cs), len(bs)) >= cfg.min_request_samples):
-            rank, v.mw_source = stats.mann_whitney(bs, cs, alternative), "requests"
+    elif (c_samples is not None and b_samples is not None
+          and min(len(c_samples), len(b_samples)) >= cfg.min_request_samples):
+        rank, v.mw_source = stats.mann_whitney(b_samples, c_samples, alternative), "requests"
     if rank is not None:
         v.mw_p = rank.p_value
         tests.append(rank.p_value)
@@ -277,8 +284,7 @@ def _frontier_verdict(c_run, b_run, h_run, verdicts: list[Verdict], cfg: Regress
             if hc.overlap is not None:
                 shifts.append(hc.shift)
         if len(shifts) >= cfg.min_history:
-            nt = stats.noise_test(shifts, 0.0, shift, n_baseline=b_run["run_id"].nunique(),
-                                  baseline_is_median=b_run["run_id"].nunique() > 2, min_sigma=0.002)
+            nt = stats.noise_test(shifts, 0.0, shift, n_baseline=b_run["run_id"].nunique(), min_sigma=0.002)
             fv.noise_p, fv.significant, fv.significance_source = nt.p_value, nt.p_value < cfg.alpha, "history"
     if fv.significant is None:
         # No history of frontier shifts: lean on the per-point tests of the two frontier metrics.
