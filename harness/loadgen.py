@@ -191,17 +191,18 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
     return rec
 
 
-def _events(messages: list[bytes]) -> list[tuple[int, bytes]]:
-    """(message index, data payload) for every ``data:`` line; comments and event names dropped."""
-    out = []
-    for i, msg in enumerate(messages):
-        if msg.startswith(b"data: ") and b"\n" not in msg:  # the common one-line message
-            out.append((i, msg[6:]))
-            continue
+def _events(messages: list[bytes], stamps: list[int]) -> tuple[list[bytes], list[int]]:
+    """The ``data:`` payloads and their arrival stamps; comments and event names dropped."""
+    payloads = [m[6:] for m in messages if m[:6] == b"data: " and b"\n" not in m]
+    if len(payloads) == len(messages):  # every message a plain one-line "data: ..." (the usual case)
+        return payloads, stamps
+    payloads, at = [], []
+    for msg, stamp in zip(messages, stamps, strict=True):
         for line in msg.split(b"\n"):
             if line.startswith(b"data:"):
-                out.append((i, line[5:].strip()))
-    return out
+                payloads.append(line[5:].strip())
+                at.append(stamp)
+    return payloads, at
 
 
 def _parse_all(payloads: list[bytes]) -> list[object]:
@@ -221,18 +222,18 @@ def _parse_all(payloads: list[bytes]) -> list[object]:
 
 def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failure: str | None) -> None:
     """Turn raw (stamp, SSE message) pairs into the record's token stamps, usage and verdict."""
-    events = _events(messages)
-    done = bool(events) and events[-1][1] == b"[DONE]"
-    if done:
-        events.pop()
+    payloads, at = _events(messages, stamps)
+    done = bool(payloads) and payloads[-1] == b"[DONE]"
+    n = len(payloads) - 1 if done else len(payloads)
     error = failure
-    if any(data == b"[DONE]" for _, data in events):
+    if b"[DONE]" in payloads[:n]:
         error = error or "data after [DONE]"
-        events = [e for e in events if e[1] != b"[DONE]"]
+        keep = [i for i in range(n) if payloads[i] != b"[DONE]"]
+        payloads, at, n = [payloads[i] for i in keep], [at[i] for i in keep], len(keep)
     token_ns = rec.token_ns
-    objs = _parse_all([data for _, data in events])
-    for (i, _), obj in zip(events, objs, strict=True):
-        if not isinstance(obj, dict):
+    objs = _parse_all(payloads[:n])
+    for stamp, obj in zip(at, objs, strict=False):
+        if obj.__class__ is not dict:
             if isinstance(obj, ValueError):
                 error = error or str(obj)
             continue
@@ -240,11 +241,11 @@ def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failur
         if choices:
             c = choices[0]
             if c.get("text") or c.get("token_ids"):
-                token_ns.append(stamps[i])
+                token_ns.append(stamp)
             else:
                 delta = c.get("delta")
                 if delta and delta.get("content"):
-                    token_ns.append(stamps[i])
+                    token_ns.append(stamp)
         usage = obj.get("usage")
         if usage:
             rec.prompt_tokens = usage.get("prompt_tokens")

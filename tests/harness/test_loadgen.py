@@ -126,3 +126,57 @@ def test_unreachable_url_is_a_clear_server_error() -> None:
 def test_probe_lists_models(tmp_path) -> None:
     with serving(tmp_path) as url:
         assert asyncio.run(probe(url + "/v1/")) == ["k2bench-test"]
+
+
+async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> None:
+    """A server that frames SSE unusually: CRLF line ends, comments, event names, chat deltas,
+    an empty-content message, and writes cut at arbitrary byte offsets."""
+    from aiohttp import web
+    from k2bench.harness.loadgen import make_session, stream_one
+    from k2bench.harness.records import RequestRecord
+
+    def msg(obj) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\r\n\r\n"
+
+    delta = lambda text: {"choices": [{"index": 0, "delta": {"content": text}}]}  # noqa: E731
+    body = (b": keep-alive comment\r\n\r\n" + msg(delta("")) + b"event: message\r\n" + msg(delta("Hel"))[0:]
+            + msg(delta("lo")) + msg(delta(" you")) + msg({"choices": [], "usage": {"prompt_tokens": 3,
+                                                                                     "completion_tokens": 3}})
+            + b"data: [DONE]\r\n\r\n")
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 7):  # 7-byte writes: every boundary lands mid-message somewhere
+            await resp.write(body[i:i + 7])
+            await asyncio.sleep(0.001)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        rec = RequestRecord(index=0, concurrency=1, warmup=False, requested_input_tokens=3,
+                            requested_output_tokens=3, send_ns=0)
+        async with make_session(1, 10) as session:
+            await stream_one(session, f"http://127.0.0.1:{port}/v1/completions", b"{}", rec, 10)
+    finally:
+        await runner.cleanup()
+    assert rec.success, rec.error
+    assert len(rec.token_ns) == 3 and rec.output_tokens == 3 and rec.prompt_tokens == 3
+    assert rec.send_ns < rec.token_ns[0] <= rec.token_ns[1] <= rec.token_ns[2] <= rec.end_ns
+
+
+def test_error_event_inside_a_stream_is_reported() -> None:
+    from k2bench.harness.loadgen import _digest
+    from k2bench.harness.records import RequestRecord
+
+    rec = RequestRecord(index=0, concurrency=1, warmup=False, requested_input_tokens=1, requested_output_tokens=4,
+                        send_ns=0)
+    msgs = [b'data: {"choices":[{"text":"a"}]}', b'data: {"error":{"message":"KV cache exhausted"}}',
+            b"data: [DONE]"]
+    _digest(rec, [1, 2, 3], msgs, None)
+    assert not rec.success and "KV cache exhausted" in rec.error and rec.token_ns == [1]
