@@ -15,6 +15,7 @@ baseline runs), at most ``history_limit`` of them, none newer than the newest ba
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -99,16 +100,22 @@ def resolve_runs(store, spec: str, repo: str | None = None) -> list[dict]:
     spec = str(spec).strip()
     if spec.isdigit() and len(spec) < 7:
         return [store.get_run(int(spec))]
-    runs = [r for r in store.list_runs() if r.get("status") in USABLE_STATUS]
-    hits = [r for r in runs if r.get("commit") and str(r["commit"]).startswith(spec.lower())]
+    hits = []
+    if re.fullmatch(r"[0-9a-fA-F]{4,64}", spec):
+        hits = [r for r in store.list_runs(commit=spec.lower()) if usable(r)]
     if not hits:
         sha = git(repo, "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}")
         if sha:
-            hits = [r for r in runs if r.get("commit") == sha]
+            hits = [r for r in store.list_runs(commit=sha) if usable(r)]
     if not hits:
         raise UserError(f"no usable run for {spec!r}: give a run id or a commit that has complete runs "
                         "(see `k2bench runs`)")
     return _same_config_as_newest(hits)
+
+
+def usable(run: dict) -> bool:
+    """Complete or partial (finished levels are comparable); never running or failed."""
+    return (run.get("effective_status") or run.get("status")) in USABLE_STATUS
 
 
 def _same_config_as_newest(runs: list[dict]) -> list[dict]:
@@ -129,8 +136,7 @@ def select(store, candidate: list[dict], spec: str = "auto", opts: BaselineOptio
     head = max(candidate, key=_start)
     fp = head.get("fingerprint")
     sel = Selection(candidate=candidate)
-    same_fp = [r for r in store.list_runs(fingerprint=fp) if r.get("status") in USABLE_STATUS
-               and r["id"] not in cand_ids]
+    same_fp = [r for r in store.list_runs(fingerprint=fp) if usable(r) and r["id"] not in cand_ids]
     if spec != "auto":
         base = resolve_runs(store, spec, opts.repo)
         ok, why = comparable(head, base[-1])
@@ -160,7 +166,7 @@ def _auto(store, head: dict, same_fp: list[dict], opts: BaselineOptions) -> tupl
             at_mb = [r for r in same_fp if r.get("commit") == mb]
             if at_mb:
                 return at_mb, f"merge-base {mb[:10]} of {opts.default_branch}: run(s) {_ids(at_mb)}"
-            others = [r for r in store.list_runs(commit=mb) if r.get("status") in USABLE_STATUS]
+            others = [r for r in store.list_runs(commit=mb) if usable(r)]
             if others:
                 notes.append(f"merge-base {mb[:10]} has no comparable run; "
                              + comparable(head, max(others, key=_start))[1])
@@ -176,8 +182,7 @@ def _auto(store, head: dict, same_fp: list[dict], opts: BaselineOptions) -> tupl
         base = sorted(earlier, key=_start)[-opts.baseline_runs:]
         notes.append(f"latest {len(base)} {opts.default_branch} run(s) of the same configuration: {_ids(base)}")
         return base, "; ".join(notes)
-    main_any = [r for r in store.list_runs(branch=opts.default_branch) if r.get("status") in USABLE_STATUS
-                and r["id"] != head["id"]]
+    main_any = [r for r in store.list_runs(branch=opts.default_branch) if usable(r) and r["id"] != head["id"]]
     if main_any:
         notes.append(f"no earlier {opts.default_branch} run has the same configuration; nearest: "
                      + comparable(head, max(main_any, key=_start))[1])

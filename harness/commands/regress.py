@@ -143,7 +143,9 @@ def _changepoints(args) -> int:
     if not 0 < pvalue < 1:
         raise UserError("--pvalue must be between 0 and 1")
     store = _open(args.db, readonly=args.no_store)
-    runs = [r for r in store.list_runs(branch=args.branch) if r.get("status") in ("complete", "partial")]
+    from k2bench.harness.analysis.baseline import usable
+
+    runs = [r for r in store.list_runs(branch=args.branch) if usable(r)]
     fps = sorted({r.get("fingerprint") for r in runs if r.get("fingerprint")})
     if args.fingerprint:
         if args.fingerprint not in fps:
