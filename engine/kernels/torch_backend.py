@@ -45,6 +45,7 @@ class TorchBackend:
     ) -> torch.Tensor:
         out = torch.zeros_like(x)
         num_experts = w13.shape[0]
+        xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
         counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
@@ -57,7 +58,7 @@ class TorchBackend:
             tok = token_of[start : start + n]
             wts = weight_of[start : start + n]
             start += n
-            h = self.linear(x[tok], w13[e], None if w13_scale is None else w13_scale[e], a4w4=a4w4)
+            h = self.linear(xq[tok], w13[e], None if w13_scale is None else w13_scale[e], a4w4=False)
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
             h = self.linear(h, w2[e], None if w2_scale is None else w2_scale[e], a4w4=a4w4)
