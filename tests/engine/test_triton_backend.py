@@ -1,0 +1,107 @@
+"""The triton backend's MXFP4 GEMM (tl.dot_scaled) under TRITON_INTERPRET=1, against the torch reference.
+
+Runs in a child process because the interpreter must be switched on before triton compiles anything.
+W4 feeds bf16 activations, so its reference is the bf16-rounded activation times the dequantised
+weight; A4W4 feeds FP4 on both sides, whose products are exact, so model logits match the torch
+backend's A4W4 up to float32 summation order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+pytest.importorskip("triton")
+
+CHILD = r"""
+import json, sys, torch
+from k2bench.engine.kernels.triton_backend import mxfp4_matmul
+from k2bench.engine.kernels import get_backend
+from k2bench.engine.loader import load_model
+from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+from k2bench.engine.tiny import TinySpec, write_tiny_checkpoint
+from model_helpers import PagedDriver
+
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+out = {"gemm": []}
+for m, n, k in [(1, 64, 32), (5, 48, 64), (33, 130, 96), (70, 256, 256)]:
+    x = torch.randn(m, k, generator=g) * 3
+    wp, ws = quantize_mxfp4(torch.randn(n, k, generator=g))
+    wd = dequantize_mxfp4(wp, ws)
+    ref_w4 = x.to(torch.bfloat16).float() @ wd.T
+    ref_a4 = fake_quantize_mxfp4(x) @ wd.T
+    w4 = mxfp4_matmul(x, wp, ws, a4w4=False)
+    a4 = mxfp4_matmul(x, wp, ws, a4w4=True)
+    out["gemm"].append({"shape": [m, n, k],
+        "w4": float((w4 - ref_w4).abs().max() / ref_w4.abs().max()),
+        "a4": float((a4 - ref_a4).abs().max() / ref_a4.abs().max())})
+d = write_tiny_checkpoint(sys.argv[1], quant="mxfp4", seed=5, spec=TinySpec(layers=2))
+prompts = [[5, 9, 40, 41, 42, 100, 7], [300, 301]]
+res = {}
+for backend in ("torch", "triton"):
+    model, cfg = load_model(d, dtype="float32", backend=backend)
+    res[backend] = {"logits": PagedDriver(model, cfg).prefill_all_logits(0, prompts[0]),
+                    "tokens": PagedDriver(model, cfg, seed=3).greedy(prompts, 4), "mode": model.quant_mode}
+out["model_logits_err"] = float((res["torch"]["logits"] - res["triton"]["logits"]).abs().max())
+out["model_logits_scale"] = float(res["torch"]["logits"].abs().max())
+out["tokens"] = [res["torch"]["tokens"], res["triton"]["tokens"]]
+out["modes"] = [res["torch"]["mode"], res["triton"]["mode"]]
+out["backend_name"] = get_backend("triton", "cpu").name
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_triton_mxfp4_gemm_and_model_under_interpreter(tmp_path):
+    here = Path(__file__).parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "tiny")], env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    out = json.loads(line[len("RESULT"):])
+    for case in out["gemm"]:
+        assert case["w4"] < 1e-5, case
+        assert case["a4"] < 1e-5, case
+    assert out["modes"] == ["a4w4", "a4w4"]
+    assert out["backend_name"] == "triton"
+    assert out["model_logits_err"] < 1e-4 * max(1.0, out["model_logits_scale"])
+    assert out["tokens"][0] == out["tokens"][1]
+
+
+def test_triton_backend_refuses_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from k2bench.engine.kernels import BackendError, get_backend
+
+    with pytest.raises(BackendError, match="TRITON_INTERPRET=1"):
+        get_backend("triton", "cpu")
+
+
+@pytest.mark.gpu
+def test_triton_mxfp4_gemm_on_cuda():
+    """For a GPU run (the lead's device runs): the compiled kernel against the torch reference."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from k2bench.engine.kernels.triton_backend import mxfp4_matmul
+    from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+
+    g = torch.Generator().manual_seed(0)
+    for m, n, k in [(1, 2048, 7168), (77, 7168, 2048), (256, 512, 1024)]:
+        x = torch.randn(m, k, generator=g).cuda()
+        wp, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(n, k, generator=g)))
+        wd = dequantize_mxfp4(wp, ws)
+        ref = x.to(torch.bfloat16).float() @ wd.T
+        y = mxfp4_matmul(x, wp, ws, a4w4=False)
+        assert float((y - ref).abs().max() / ref.abs().max()) < 1e-4
+        ref4 = fake_quantize_mxfp4(x) @ wd.T
+        y4 = mxfp4_matmul(x, wp, ws, a4w4=True)
+        assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4
