@@ -8,6 +8,7 @@ Selenium is pointed at /usr/bin/chromedriver, so Selenium Manager never tries to
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,9 @@ pytestmark = [
 PAGES = {
     "Frontier": ["Throughput per GPU vs interactivity", "Interactivity (tok/s/user)", "Throughput (tok/s/GPU)",
                  "c32", "MI355X", "Download frontier as CSV"],
-    "History": ["Throughput (tok/s/GPU) history", "run start (UTC)", "Hover a point for its commit"],
+    # defaults: the most recently run configuration (bundled, whose last commit regressed)
+    "History": ["Throughput (tok/s/GPU) history", "run start (UTC)", "change point (regression)",
+                "1 regression(s) flagged"],
     "Compare": ["Frontiers: A: run #", "Per-concurrency deltas (B relative to A)",
                 "Throughput of B at matched interactivity"],
     "Run detail": ["TTFT distribution", "Inter-token latency CDF", "Request timeline", "Engine flags",
@@ -125,6 +128,9 @@ def test_every_page_renders_its_chart(server, browser, tmp_path):
         shot = shots / f"{page.lower().replace(' ', '_')}.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         assert "Traceback" not in browser.page_source
+        if page == "Compare":  # default: the newest run (the regression) against its predecessor
+            body = browser.find_element(By.TAG_NAME, "body").text
+            assert re.search(r"-\d+\.\d% vs A", body), body[:2000]
 
 
 def test_empty_database_page_shows_the_command(tmp_path, browser):
