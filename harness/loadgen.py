@@ -142,11 +142,83 @@ def _describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text}"[:ERRORS_KEPT]
 
 
+class _Stream:
+    """What one response's SSE messages said so far. Messages are handled as they arrive (a few
+    microseconds each) rather than all at the end of the stream: streams of a closed loop end
+    together, and parsing a thousand messages for each of them at once would hold up the stamps
+    of every other stream."""
+
+    __slots__ = ("token_ns", "done", "error", "prompt_tokens", "output_tokens")
+
+    def __init__(self, token_ns: list[int]) -> None:
+        self.token_ns = token_ns
+        self.done = False
+        self.error: str | None = None
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+
+    def message(self, msg: bytes, t: int) -> None:
+        if msg[:6] == b"data: " and b"\n" not in msg:  # the usual one-line message
+            self.payload(msg[6:], t)
+            return
+        for line in msg.split(b"\n"):  # comments, event names, ids, multi-line data
+            if line.startswith(b"data:"):
+                self.payload(line[5:].strip(), t)
+
+    def payload(self, data: bytes, t: int) -> None:
+        if data == b"[DONE]":
+            if self.done:
+                self.error = self.error or "two [DONE] messages"
+            self.done = True
+            return
+        if self.done:
+            self.error = self.error or "data after [DONE]"
+        try:
+            obj = _loads(data)
+        except ValueError:
+            self.error = self.error or f"unparseable SSE message: {data[:200]!r}"
+            return
+        if obj.__class__ is not dict:
+            return
+        choices = obj.get("choices")
+        if choices:
+            c = choices[0]
+            if c.get("text") or c.get("token_ids"):
+                self.token_ns.append(t)
+            else:
+                delta = c.get("delta")
+                if delta and delta.get("content"):
+                    self.token_ns.append(t)
+        usage = obj.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.output_tokens = usage.get("completion_tokens")
+        elif not choices and (obj.get("error") is not None or obj.get("object") == "error"):
+            err = obj.get("error", obj)
+            text = err.get("message", err) if isinstance(err, dict) else err
+            self.error = self.error or f"server error in stream: {text}"[:ERRORS_KEPT]
+
+    def finish(self, rec: RequestRecord, failure: str | None) -> None:
+        rec.prompt_tokens, rec.output_tokens = self.prompt_tokens, self.output_tokens
+        n = len(self.token_ns)
+        error = failure or self.error
+        if error is None and not self.done:
+            error = f"stream ended early: no [DONE] after {n} token messages"
+        if error is None and rec.output_tokens is None:
+            error = "server sent no usage.completion_tokens (does it honour stream_options.include_usage?)"
+        if error is None and not n:
+            error = "stream carried no tokens"
+        if failure is not None and n:
+            error = f"{error} (after {n} token messages)"
+        rec.error = None if error is None else error[:ERRORS_KEPT]
+        rec.success = error is None
+
+
 async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord,
                      timeout_s: float) -> RequestRecord:
     """Send one streaming request and fill ``rec``; never raises for a failed request."""
-    stamps: list[int] = []
-    messages: list[bytes] = []
+    state = _Stream(rec.token_ns)
+    message, payload = state.message, state.payload
     failure: str | None = None
     now = time.monotonic_ns
     rec.send_ns = now()  # replaced by the moment the body was written (see make_session)
@@ -163,7 +235,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
                 chunk = await content.readany()
                 if not chunk:
                     break
-                t = now()
+                t = now()  # arrival: before any splitting or parsing
                 if tail:
                     chunk = tail + chunk
                 if b"\r" in chunk:
@@ -173,11 +245,13 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
                     continue
                 parts = chunk.split(b"\n\n")
                 tail = parts.pop()
-                messages.extend(parts)
-                stamps.extend([t] * len(parts))
+                for part in parts:
+                    if part[:6] == b"data: " and b"\n" not in part:
+                        payload(part[6:], t)
+                    else:
+                        message(part, t)
             if tail.strip():
-                messages.append(tail)
-                stamps.append(now())
+                message(tail, now())
     except asyncio.TimeoutError:
         failure = f"timed out after {timeout_s:g} s (per-request --timeout)"
     except aiohttp.ClientPayloadError as exc:
@@ -187,83 +261,16 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
     except (aiohttp.ClientError, OSError) as exc:
         failure = _describe(exc)
     rec.end_ns = now()
-    _digest(rec, stamps, messages, failure)
+    state.finish(rec, failure)
     return rec
 
 
-def _events(messages: list[bytes], stamps: list[int]) -> tuple[list[bytes], list[int]]:
-    """The ``data:`` payloads and their arrival stamps; comments and event names dropped."""
-    payloads = [m[6:] for m in messages if m[:6] == b"data: " and b"\n" not in m]
-    if len(payloads) == len(messages):  # every message a plain one-line "data: ..." (the usual case)
-        return payloads, stamps
-    payloads, at = [], []
-    for msg, stamp in zip(messages, stamps, strict=True):
-        for line in msg.split(b"\n"):
-            if line.startswith(b"data:"):
-                payloads.append(line[5:].strip())
-                at.append(stamp)
-    return payloads, at
-
-
-def _parse_all(payloads: list[bytes]) -> list[object]:
-    """Parse many JSON payloads in one call (one array); fall back to one by one on a bad one."""
-    try:
-        return _loads(b"[" + b",".join(payloads) + b"]")
-    except ValueError:
-        pass
-    out: list[object] = []
-    for data in payloads:
-        try:
-            out.append(_loads(data))
-        except ValueError:
-            out.append(ValueError(f"unparseable SSE message: {data[:200]!r}"))
-    return out
-
-
 def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failure: str | None) -> None:
-    """Turn raw (stamp, SSE message) pairs into the record's token stamps, usage and verdict."""
-    payloads, at = _events(messages, stamps)
-    done = bool(payloads) and payloads[-1] == b"[DONE]"
-    n = len(payloads) - 1 if done else len(payloads)
-    error = failure
-    if b"[DONE]" in payloads[:n]:
-        error = error or "data after [DONE]"
-        keep = [i for i in range(n) if payloads[i] != b"[DONE]"]
-        payloads, at, n = [payloads[i] for i in keep], [at[i] for i in keep], len(keep)
-    token_ns = rec.token_ns
-    objs = _parse_all(payloads[:n])
-    for stamp, obj in zip(at, objs, strict=False):
-        if obj.__class__ is not dict:
-            if isinstance(obj, ValueError):
-                error = error or str(obj)
-            continue
-        choices = obj.get("choices")
-        if choices:
-            c = choices[0]
-            if c.get("text") or c.get("token_ids"):
-                token_ns.append(stamp)
-            else:
-                delta = c.get("delta")
-                if delta and delta.get("content"):
-                    token_ns.append(stamp)
-        usage = obj.get("usage")
-        if usage:
-            rec.prompt_tokens = usage.get("prompt_tokens")
-            rec.output_tokens = usage.get("completion_tokens")
-        elif not choices and (obj.get("error") is not None or obj.get("object") == "error"):
-            err = obj.get("error", obj)
-            msg_text = err.get("message", err) if isinstance(err, dict) else err
-            error = error or f"server error in stream: {msg_text}"[:ERRORS_KEPT]
-    if error is None and not done:
-        error = f"stream ended early: no [DONE] after {len(token_ns)} token messages"
-    if error is None and rec.output_tokens is None:
-        error = "server sent no usage.completion_tokens (does it honour stream_options.include_usage?)"
-    if error is None and not token_ns:
-        error = "stream carried no tokens"
-    if error is not None and failure is not None and token_ns:
-        error = f"{error} (after {len(token_ns)} token messages)"
-    rec.error = None if error is None else error[:ERRORS_KEPT]
-    rec.success = error is None
+    """Fill ``rec`` from already split (stamp, SSE message) pairs (what stream_one does on the fly)."""
+    state = _Stream(rec.token_ns)
+    for t, msg in zip(stamps, messages, strict=True):
+        state.message(msg, t)
+    state.finish(rec, failure)
 
 
 async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[tuple[bytes, RequestRecord]],
