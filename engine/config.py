@@ -32,7 +32,12 @@ class QuantConfig:
     group_size: int = 32
 
     def is_quantized(self, module_name: str) -> bool:
-        """module_name is the checkpoint name without `.weight` (e.g. `model.layers.3.mlp.experts.0.up_proj`)."""
+        """module_name is the checkpoint name without `.weight` (e.g. `model.layers.3.mlp.experts.0.up_proj`).
+
+        An exclude entry is a `re:` regex (matched from the start, as compressed-tensors/vLLM do),
+        an fnmatch pattern, or a module name that matches itself, its children, and any module it
+        ends (so a bare `lm_head` also covers the wrapped `language_model.lm_head`).
+        """
         for pat in self.exclude:
             if pat.startswith("re:"):
                 if re.match(pat[3:], module_name):
@@ -40,7 +45,11 @@ class QuantConfig:
             elif any(ch in pat for ch in "*?["):
                 if fnmatch.fnmatchcase(module_name, pat):
                     return False
-            elif module_name == pat or module_name.startswith(pat + "."):
+            elif (
+                module_name == pat
+                or module_name.startswith(pat + ".")
+                or module_name.endswith("." + pat)  # "lm_head" also names K2.5's "language_model.lm_head"
+            ):
                 return False
         return True
 

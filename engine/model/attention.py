@@ -22,6 +22,8 @@ from k2bench.engine.model.layers import RMSNorm, Rotary
 from k2bench.engine.parallel import Linear, Parallel, TensorSpec
 from torch import nn
 
+_FP8_MAX = {dt: torch.finfo(dt).max for dt in (torch.float8_e4m3fn, torch.float8_e5m2)}
+
 
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
@@ -86,7 +88,11 @@ class MLAttention(nn.Module):
         q_pe, k_pe = self.rotary(positions, q_pe, kv[:, r:])
 
         flat = kv_cache.view(-1, kv_cache.shape[-1])
-        flat[meta.slot_mapping] = torch.cat((latent, k_pe), dim=-1).to(kv_cache.dtype)
+        entry = torch.cat((latent, k_pe), dim=-1)
+        if kv_cache.dtype in _FP8_MAX:  # fp8 casts overflow to NaN: saturate instead
+            lim = _FP8_MAX[kv_cache.dtype]
+            entry = entry.float().clamp(-lim, lim)
+        flat[meta.slot_mapping] = entry.to(kv_cache.dtype)
 
         w = self.kv_b_proj.dense_weight().view(self.heads, nope + v, r)
         w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]
