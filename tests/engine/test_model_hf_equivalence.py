@@ -143,3 +143,24 @@ def test_mxfp4_experts_match_dequantised_hf(tmp_path, hf_dir):
     assert not torch.allclose(a4, w4, atol=1e-4)
     assert (a4 - w4).abs().max() < 0.25 * w4.abs().max()
     assert json.loads((qdir / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def test_variant_without_q_lora_yarn_interleave_groups(tmp_path):
+    """The other branches: q_proj instead of q_lora, plain rope in halves (rope_interleave=false),
+    one expert group, tied embeddings, two dense layers, no top-k renormalisation."""
+    from k2bench.engine.loader import load_model
+
+    ref = hf_tiny_model(
+        seed=4, q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1, first_k_dense_replace=2,
+        num_hidden_layers=4, tie_word_embeddings=True, norm_topk_prob=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+    )
+    ref.save_pretrained(tmp_path)
+    model, cfg = load_model(tmp_path, dtype="float32")
+    assert cfg.q_lora_rank is None and cfg.tie_word_embeddings and cfg.rope.kind == "default"
+    assert model.lm_head is None and model.layers[1].mlp.__class__.__name__ == "DenseMLP"
+    drv = PagedDriver(model, cfg)
+    for i, p in enumerate(PROMPTS[:2]):
+        torch.testing.assert_close(drv.prefill_all_logits(i, p), hf_logits(ref, p), atol=2e-4, rtol=1e-4)
+    expected = [hf_greedy(ref, p, 4)[0] for p in PROMPTS]
+    assert PagedDriver(model, cfg, seed=9).greedy(PROMPTS, 4, chunk=4) == expected
