@@ -45,6 +45,10 @@ def get_backend(name: str = "auto", device: str = "cpu") -> Any:
     module_name, _, cls_name = BACKENDS[resolved].partition(":")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise BackendError(f"kernel backend {resolved!r} is registered but not implemented yet") from exc
+        raise BackendError(f"kernel backend {resolved!r} is not available here: {exc}") from exc
     except ImportError as exc:
         raise BackendError(f"kernel backend {resolved!r} is not available here: {exc}") from exc
     return getattr(module, cls_name)(device)

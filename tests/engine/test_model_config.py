@@ -92,3 +92,33 @@ def test_bf16_and_fp8_latent_cache(tmp_path):
         out = drv.prefill_all_logits(0, prompt)
         assert drv.caches[0].dtype == dt and torch.isfinite(out).all()
         assert (out - ref).abs().max() < tol * ref.abs().max(), dt
+
+
+def test_kimi_k2_yarn_frequencies_match_hf():
+    """K2's real rope settings (theta 50000, factor 64, 4096 original positions, dim 64) against HF's YaRN."""
+    from k2bench.engine.config import parse_config
+    from k2bench.engine.model.layers import yarn_inv_freq
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = parse_config(dict(K25_TEXT))
+    ours, mscale = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope)
+    rs = K25_TEXT["rope_scaling"]
+    hf_cfg = DeepseekV3Config(
+        hidden_size=256, num_attention_heads=4, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        max_position_embeddings=262144,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": rs["factor"],
+                         "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
+    torch.testing.assert_close(ours, theirs.float(), atol=0, rtol=1e-6)
+    assert mscale == attention_factor == 1.0
+    assert not torch.allclose(ours[-4:], 1.0 / (50000.0 ** (torch.arange(56, 64, 2) / 64)))  # interpolated tail
+
+
+def test_unimplemented_backend_says_so():
+    from k2bench.engine.kernels import BackendError, get_backend
+
+    with pytest.raises(BackendError, match="'aiter' is registered but not implemented yet"):
+        get_backend("aiter", "cpu")
