@@ -80,11 +80,12 @@ class NoiseTest:
 
 
 # Runs farther than this many MAD-sigmas from the median are dropped from a history before its
-# spread is taken, but only when the history holds at least SCREEN_MIN_RUNS runs: with fewer, the
-# MAD itself is too unstable and the screen throws away honest runs (measured: with 5 runs it
-# raised the false-positive rate at 3% CV from 0.7% to 1.2%).
-SCREEN_MADS = 5.0
-SCREEN_MIN_RUNS = 8
+# spread is taken (a throttled or broken run would otherwise blind the gate), but only when the
+# history holds at least SCREEN_MIN_RUNS runs: with fewer, the MAD itself is too unstable and the
+# screen throws away honest runs (measured: 5 MADs on 5 runs raised the false-positive rate at 3% CV
+# from 0.7% to 1.2%; 5 MADs on 10 runs from 0.8% to 1.0%; 6 MADs from 10 runs up costs ~0.05%).
+SCREEN_MADS = 6.0
+SCREEN_MIN_RUNS = 10
 
 
 def screened(values) -> np.ndarray:

@@ -97,3 +97,24 @@ def test_points_traded_along_one_curve_do_not_move_it():
 def test_no_overlap_gives_no_verdict():
     res = pareto.compare_frontiers([1, 2], [10, 5], [3, 4], [10, 5])
     assert res.overlap is None and math.isnan(res.shift)
+
+
+def test_noise_test_is_the_student_t_prediction_test():
+    hist = np.array([100.0, 102.0, 98.0, 101.0, 99.0])
+    nt = stats.noise_test(hist, hist.mean(), 94.0, n_baseline=5)
+    se = hist.std(ddof=1) * math.sqrt(1 + 1 / 5)  # independent hand formula
+    z = (94.0 - 100.0) / se
+    from scipy.stats import t
+
+    assert nt.z == pytest.approx(z)
+    assert nt.p_value == pytest.approx(t.cdf(z, df=4))
+
+
+def test_outlier_runs_are_screened_only_from_long_histories():
+    rng = np.random.default_rng(2)
+    long = np.r_[100 + rng.normal(0, 1, 11), 60.0]  # one throttled run among 12
+    assert 60.0 not in stats.screened(long) and len(stats.screened(long)) == 11
+    short = np.array([100.0, 101.0, 99.0, 100.5, 60.0])
+    assert len(stats.screened(short)) == 5  # 5 runs: the MAD is too unstable to judge
+    # the screened spread is the honest one; unscreened, the throttled run would hide a 10% drop
+    assert stats.noise_test(long, 100.0, 90.0, n_baseline=5).p_value < 1e-4
