@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import time
@@ -109,8 +110,10 @@ def main() -> int:
               f"{r['seconds']:8.3f} {r['tok_per_s']:9.1f} {r['gflop_per_s']:8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"load average during the run: {load[0]:.1f} (1 min) on {os.cpu_count()} cores; shared machines make this noisy")
     out.write_text(json.dumps({
-        "bench": "engine_model", "threads": args.threads, "torch": torch.__version__,
+        "bench": "engine_model", "threads": args.threads, "loadavg": load, "cpus": os.cpu_count(), "torch": torch.__version__,
         "machine": platform.machine(), "processor": platform.processor(), "dtype": "float32",
         "results": results,
     }, indent=2))

@@ -33,7 +33,7 @@ class TinySpec:
     n_group: int = 4
     topk_group: int = 2
     q_lora: int = 96
-    kv_lora: int = 64
+    kv_lora: int = 32
     nope: int = 32
     rope: int = 16
     v: int = 32
