@@ -104,7 +104,7 @@ def shared_exponent(amax: torch.Tensor, rule: str = DEFAULT_SCALE_RULE) -> torch
         e = torch.floor(torch.log2(safe)) - 2
     elif rule == "even":
         bits = safe.view(torch.int32)
-        rounded = ((bits + (1 << 21)) & torch.tensor(-(1 << 23), dtype=torch.int32)).view(torch.float32)
+        rounded = ((bits + (1 << 21)) & -(1 << 23)).view(torch.float32)  # keep sign+exponent
         e = torch.floor(torch.log2(rounded)) - 2
     else:  # ceil: smallest 2^e with amax / 2^e <= 6
         e = torch.ceil(torch.log2(safe / 6.0))

@@ -14,9 +14,9 @@ class PagedDriver:
     """Feeds a model through its real API with a block table built here (blocks handed out shuffled)."""
 
     def __init__(self, model, cfg, *, num_blocks: int = 96, block_size: int = 4, seed: int = 0,
-                 cache_dtype: torch.dtype = torch.float32) -> None:
-        self.model, self.cfg, self.bs = model, cfg, block_size
-        self.caches = [torch.zeros(num_blocks, block_size, cfg.kv_cache_dim, dtype=cache_dtype)
+                 cache_dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+        self.model, self.cfg, self.bs, self.dev = model, cfg, block_size, device
+        self.caches = [torch.zeros(num_blocks, block_size, cfg.kv_cache_dim, dtype=cache_dtype, device=device)
                        for _ in range(cfg.num_hidden_layers)]
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
@@ -43,16 +43,17 @@ class PagedDriver:
         table = torch.zeros(len(work), width, dtype=torch.long)
         for b, (sid, _) in enumerate(work):
             table[b, : len(self.blocks[sid])] = torch.tensor(self.blocks[sid])
+        dev = self.dev
         meta = AttentionMetadata(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
-            context_lens=torch.tensor(ctx, dtype=torch.long),
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            block_tables=table,
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(ctx, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            block_tables=table.to(dev),
             block_size=self.bs,
         )
-        hidden = self.model(torch.tensor(ids), torch.tensor(pos), meta, self.caches)
-        last = torch.tensor(cu[1:]) - 1
-        return self.model.compute_logits(hidden[last])
+        hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, self.caches)
+        last = torch.tensor(cu[1:], device=dev) - 1
+        return self.model.compute_logits(hidden[last]).cpu()
 
     def prefill_all_logits(self, sid: int, toks: list[int]) -> torch.Tensor:
         """Logits of every position of a whole-prompt prefill [T, vocab]."""
@@ -62,15 +63,16 @@ class PagedDriver:
             blocks.append(self.free.pop())
         slots = [blocks[p // self.bs] * self.bs + p % self.bs for p in range(len(toks))]
         self.lens[sid] = len(toks)
+        dev = self.dev
         meta = AttentionMetadata(
-            cu_seqlens_q=torch.tensor([0, len(toks)], dtype=torch.int32),
-            context_lens=torch.tensor([len(toks)]),
-            slot_mapping=torch.tensor(slots),
-            block_tables=torch.tensor([blocks]),
+            cu_seqlens_q=torch.tensor([0, len(toks)], dtype=torch.int32, device=dev),
+            context_lens=torch.tensor([len(toks)], device=dev),
+            slot_mapping=torch.tensor(slots, device=dev),
+            block_tables=torch.tensor([blocks], device=dev),
             block_size=self.bs,
         )
-        hidden = self.model(torch.tensor(toks), torch.arange(len(toks)), meta, self.caches)
-        return self.model.compute_logits(hidden)
+        hidden = self.model(torch.tensor(toks, device=dev), torch.arange(len(toks), device=dev), meta, self.caches)
+        return self.model.compute_logits(hidden).cpu()
 
     def greedy(self, prompts: list[list[int]], steps: int, chunk: int | None = None) -> list[list[int]]:
         """Batched greedy decoding: prefill all prompts in one step (or in chunks), then decode together."""
