@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import urllib.request
 
 import pytest
 from conftest import free_port
 from k2bench.harness import launch
 from k2bench.harness.errors import ServerError
-from k2bench.harness.loadgen import LevelSpec, Prompt, level_failure, probe, run_level
+from k2bench.harness.loadgen import LevelSpec, Prompt, level_failure, probe, run, run_level
 from k2bench.harness.metrics import summarize_level
 
 TTFT_MS, ITL_MS, OSL = 200.0, 15.0, 32
@@ -34,16 +35,36 @@ def level(url: str, conc: int, n: int, warmup: int = 0, osl: int = OSL, timeout_
     return asyncio.run(run_level(spec, prompts(osl=osl)))
 
 
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+PIN = len(CORES) >= 2  # as in the bench: server on one core, client on another
+
+
 @pytest.fixture(scope="module")
 def timed_server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("ts"), ttft_ms=TTFT_MS, itl_ms=ITL_MS) as url:
+    pin = {"cpu": CORES[0]} if PIN else {}
+    with serving(tmp_path_factory.mktemp("ts"), ttft_ms=TTFT_MS, itl_ms=ITL_MS, **pin) as url:
         yield url
+
+
+@contextlib.contextmanager
+def client_pinned():
+    if not PIN:
+        yield
+        return
+    os.sched_setaffinity(0, {CORES[1]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, CORES)
 
 
 @pytest.mark.parametrize("conc", [4, 8, 16, 32, 64])
 def test_measured_timing_matches_truth(timed_server: str, conc: int) -> None:
     waves = 2
-    records = level(timed_server, conc, n=waves * conc, warmup=conc)
+    spec = LevelSpec(base_url=timed_server, model="k2bench-test", concurrency=conc, num_prompts=waves * conc,
+                     num_warmup=conc, timeout_s=60)
+    with client_pinned():
+        records = run(run_level(spec, prompts()))
     point = summarize_level(records, concurrency=conc, num_gpus=1)
     assert point["completed"] == waves * conc and point["failed"] == 0
     assert point["ttft_ms"]["median"] == pytest.approx(TTFT_MS, rel=0.02)
