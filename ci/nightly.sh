@@ -29,7 +29,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
 SHA=$(git -C "$REPO" rev-parse HEAD)
-echo "k2bench nightly: ${SHA:0:10} on $BRANCH, db ${K2BENCH_DB:+(secret URL)}${K2BENCH_DB:-$DB}"
+if [ -n "${K2BENCH_DB:-}" ]; then SHOWN_DB="(secret URL from K2BENCH_DB)"; else SHOWN_DB=$DB; fi
+echo "k2bench nightly: ${SHA:0:10} on $BRANCH, db $SHOWN_DB"
 
 (cd "$REPO" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
   --commit "$SHA" --branch "$BRANCH" --db "$DB" --json "$OUT/run-${SHA:0:10}.json") || {

@@ -46,7 +46,8 @@ HEAD_SHA=$(git -C "$REPO" rev-parse HEAD)
 HEAD_BRANCH=${K2BENCH_HEAD_BRANCH:-$(git -C "$REPO" rev-parse --abbrev-ref HEAD)}
 if [ "$HEAD_BRANCH" = HEAD ]; then HEAD_BRANCH="pr-${PR:-local}"; fi
 MB=$(git -C "$REPO" merge-base "$BASE" HEAD 2>/dev/null || git -C "$REPO" merge-base "origin/$BASE" HEAD 2>/dev/null || true)
-echo "k2bench PR gate: head ${HEAD_SHA:0:10} ($HEAD_BRANCH), base $BASE, merge-base ${MB:0:10}, db $DB"
+if [ -n "${K2BENCH_DB:-}" ]; then SHOWN_DB="(secret URL from K2BENCH_DB)"; else SHOWN_DB=$DB; fi
+echo "k2bench PR gate: head ${HEAD_SHA:0:10} ($HEAD_BRANCH), base $BASE, merge-base ${MB:0:10}, db $SHOWN_DB"
 
 sweep() {  # sweep <checkout dir> <commit> <branch>; a failed sweep exits 3, never 1 (1 means regression)
   (cd "$1" && bash -c "$SWEEP_CMD $SWEEP_ARGS \"\$@\"" sweep --commit "$2" --branch "$3" --db "$DB") || {
