@@ -56,6 +56,8 @@ def _get(url: str, timeout: float) -> int:
 class Server:
     """A launched server. Use as a context manager: the process group dies on exit, always."""
 
+    live: set[Server] = set()  # started and not yet stopped (also stopped at interpreter exit)
+
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, host: str, port: int,
                  log_path: Path, ready_timeout_s: float, flags: list[str] | None = None,
                  version_argv: list[str] | None = None, name: str = "server") -> None:
@@ -93,6 +95,7 @@ class Server:
         finally:
             log.close()
         atexit.register(self.stop)
+        Server.live.add(self)
         return self
 
     def wait_ready(self) -> None:
@@ -142,6 +145,7 @@ class Server:
             return
         self.proc = None
         atexit.unregister(self.stop)
+        Server.live.discard(self)
         try:
             pgid = os.getpgid(proc.pid)
         except ProcessLookupError:

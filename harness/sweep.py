@@ -240,7 +240,8 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
         base = normalize_base_url(cfg.url)
         served = run_async(probe(base))
         yield {"base_url": base, "engine": cfg.engine or "external", "engine_version": None,
-               "engine_flags": None, "server_command": None, "served": served, "model_dir": None, "log": None}
+               "engine_flags": None, "server_command": None, "served": served, "model_dir": None, "log": None,
+               "died": lambda: None}
         return
     name = cfg.engine or "bundled"
     recipe = recipes.get(name)
@@ -257,7 +258,16 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
         model_dir = Path(model) if Path(model).is_dir() else None
         yield {"base_url": server.base_url, "engine": name, "engine_version": server.version,
                "engine_flags": server.flags, "server_command": server.command, "served": served,
-               "model_dir": model_dir, "log": str(server.log_path), "precision": recipe.precision}
+               "model_dir": model_dir, "log": str(server.log_path), "precision": recipe.precision,
+               "died": lambda: _death_note(server)}
+
+
+def _death_note(server: launch.Server) -> str | None:
+    """If the launched server has exited, say so with its log tail (else None)."""
+    code = server.proc.poll() if server.proc is not None else None
+    if code is None:
+        return None
+    return f"the server exited with code {code}; last lines of {server.log_path}:\n{launch.log_tail(server.log_path)}"
 
 
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
@@ -309,7 +319,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     records = run_async(run_level(spec, prompts, on_done))
                     reason = level_failure(records)
                     if reason:
-                        raise ServerError(f"concurrency {conc}: {reason}")
+                        died = srv["died"]()
+                        raise ServerError(f"concurrency {conc}: {reason}" + (f"\n{died}" if died else ""))
                     point = summarize_level(records, concurrency=conc, num_gpus=num_gpus, trial=trial)
                     store.add_point(run_id, point, records)
                     points.append(point)

@@ -139,3 +139,25 @@ def test_default_sweep_runs_the_bundled_tiny_engine(tmp_path, monkeypatch, capsy
     assert point["completed"] == 4 and point["failed"] == 0 and point["osl_mismatches"] == 0
     assert point["output_tokens"] == 4 * 8
     shutil.rmtree(tmp_path / "results", ignore_errors=True)
+
+
+def test_launched_server_dying_mid_sweep_shows_its_log(tmp_path, capsys) -> None:
+    """A launched server that exits after serving the first level: the error names the exit and its log."""
+    db = f"sqlite:///{tmp_path}/k.db"
+
+    def kill_server(point: dict) -> None:
+        import os
+        import signal
+
+        from k2bench.harness import launch as launch_mod
+
+        for srv in list(launch_mod.Server.live):
+            os.killpg(os.getpgid(srv.proc.pid), signal.SIGKILL)
+            srv.proc.wait()
+
+    cfg = SweepConfig(levels=[1, 2], workload=Workload(name="w", isl=8, osl=4), engine="testserver",
+                      num_prompts=2, warmup=0, db=db, log_dir=str(tmp_path / "logs"))
+    with pytest.raises(Exception, match=r"(?s)all 2 requests failed.*server exited with code -9.*k2bench launch"):
+        run_sweep(cfg, LevelEvents(level_done=kill_server))
+    with Store.open(db, readonly=True) as store:
+        assert store.list_runs()[0]["status"] == "partial"
