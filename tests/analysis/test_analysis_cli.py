@@ -123,3 +123,20 @@ def test_changepoints_command_lists_and_stores(tmp_path, capsys):
     assert main(["changepoints", "--branch", "main", "--metric", "tput_per_gpu", "--db", url]) == 0
     assert len(Store.open(url, readonly=True).change_points_frame(branch="main")) == 5
     assert main(["changepoints", "--branch", "main", "--fingerprint", "nope", "--db", url]) == 2
+
+
+def test_threshold_parsing():
+    from k2bench.harness.commands.regress import parse_thresholds
+
+    assert parse_thresholds(["5%"]) == (0.05, {})
+    assert parse_thresholds(["0.03", "ttft_ms_p99=10%", "frontier=0.02"]) == (0.03, {"ttft_ms_p99": 0.10,
+                                                                                 "frontier": 0.02})
+
+
+def test_per_metric_threshold_from_the_command_line(tmp_path, capsys):
+    url, fx = _db(tmp_path, "drop10")
+    assert main(["regress", "--candidate", _cand(fx), "--baseline-mode", "latest", "--db", url, "--format", "json",
+                 "--threshold", "tput_per_gpu=15%", "--fail-on-regression"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = next(v for v in doc["verdicts"] if v["metric"] == "tput_per_gpu" and v["concurrency"] == 16)
+    assert v["threshold"] == 0.15 and v["status"] == "unchanged"

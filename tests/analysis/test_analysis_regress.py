@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -129,3 +131,15 @@ def test_frame_helper_matches_fixture_docs():
     assert len(df) == 6 * 5
     assert df.loc[(df.run_id == 6) & (df.concurrency == 16), "tput_per_gpu"].item() == \
         fx["runs"][5]["points"][2]["tput_per_gpu"]
+
+
+def test_committed_fixtures_are_what_the_generator_makes():
+    import importlib.util
+
+    from analysis_data import FIXTURES
+
+    spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, scenario in mod.scenarios().items():
+        assert load_fixture(name) == json.loads(json.dumps(scenario)), name
