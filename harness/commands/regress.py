@@ -142,7 +142,8 @@ def _changepoints(args) -> int:
         raise UserError(f"--window must be at least {2 * cp.DEFAULT_MIN_SIZE}")
     if not 0 < pvalue < 1:
         raise UserError("--pvalue must be between 0 and 1")
-    store = _open(args.db, readonly=args.no_store)
+    store = _open(args.db, readonly=True)  # a missing database is an error, not a new empty one
+    writer = None
     from k2bench.harness.analysis.baseline import usable
 
     runs = [r for r in store.list_runs(branch=args.branch) if usable(r)]
@@ -164,7 +165,8 @@ def _changepoints(args) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if not args.no_store:
-            store.replace_change_points(fp, args.branch, rows)
+            writer = writer or _open(args.db)
+            writer.replace_change_points(fp, args.branch, rows)
         print(f"fingerprint {fp}: {len(ids)} run(s), {len(rows)} change point(s)")
         for r in sorted(rows, key=lambda r: (r["metric"], r["concurrency"], r["run_id"])):
             print(f"  {r['metric']:<22} conc {r['concurrency']:<5} run #{r['run_id']:<6} "
