@@ -5,7 +5,9 @@ A backend is an object with the ops the model calls:
   otherwise `weight` is packed MXFP4 [N, K/2] with E8M0 scales [N, K/32].
 - `fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4)`: routed experts,
   SiLU-gated, weighted sum over the chosen experts (no all-reduce).
-- `mla_attention(q_lat, q_pe, kv_cache, meta, scale, kv_lora_rank)`: attention of the new tokens over
+- `plan_attention(meta, kv_dim)`: per-step gather plan from the AttentionMetadata, built once per
+  forward and shared by all layers.
+- `mla_attention(q_lat, q_pe, kv_cache, plan, scale, kv_lora_rank)`: attention of the new tokens over
   the paged latent cache (absorbed MLA form), returns the latent output [T, H, kv_lora_rank].
 
 `auto` picks the torch backend on every device until a faster backend has been validated there.

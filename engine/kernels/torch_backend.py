@@ -6,10 +6,21 @@ matmul, which is the numerics of gfx950's scaled-MFMA kernels; W4 mode keeps act
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
+
+
+@dataclass
+class AttentionPlan:
+    """Where each sequence's context lives in the flat cache, for one step (the same for every layer)."""
+
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
+    decodes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]  # (token rows, slots, valid, width)
+
 
 # Upper bound on float32 attention scores held at once (elements); long prefills run in query slices.
 SCORE_BUDGET = 1 << 22
@@ -65,12 +76,42 @@ class TorchBackend:
             out.index_add_(0, tok, (h * wts.unsqueeze(-1).to(h.dtype)).to(out.dtype))
         return out
 
+    def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
+        """Per-step gather indices, shared by every layer: built once per forward, not once per layer."""
+        cu = meta.cu_seqlens_q.tolist()
+        ctx_lens = meta.context_lens.tolist()
+        bs = meta.block_size
+        dev = meta.block_tables.device
+        tables = meta.block_tables.to(torch.long)
+        offs = torch.arange(bs, device=dev)
+        prefills = []
+        decodes = [b for b in range(len(ctx_lens)) if cu[b + 1] - cu[b] == 1]
+        for b in range(len(ctx_lens)):
+            s, e, ctx = cu[b], cu[b + 1], ctx_lens[b]
+            if e - s > 1:
+                nblk = -(-ctx // bs)
+                slots = (tables[b, :nblk].unsqueeze(1) * bs + offs).reshape(-1)[:ctx]
+                prefills.append((s, e, ctx, slots))
+        groups = []
+        if decodes:
+            width = max(ctx_lens[b] for b in decodes)
+            nblk = -(-width // bs)
+            size = max(1, (1 << 26) // max(1, width * kv_dim))  # bound the gathered keys per group
+            for g0 in range(0, len(decodes), size):
+                rows = torch.tensor(decodes[g0 : g0 + size], device=dev)
+                # past a sequence's own blocks its table row is padding (block 0): gathered, then masked
+                slots = (tables[rows, :nblk].unsqueeze(-1) * bs + offs).reshape(len(rows), -1)[:, :width]
+                valid = torch.arange(width, device=dev).unsqueeze(0) < meta.context_lens[rows].unsqueeze(1)
+                idx = meta.cu_seqlens_q[rows].to(torch.long)
+                groups.append((idx, slots, valid, width))
+        return AttentionPlan(prefills, groups)
+
     def mla_attention(
         self,
         q_lat: torch.Tensor,
         q_pe: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: AttentionPlan,
         scale: float,
         kv_lora_rank: int,
     ) -> torch.Tensor:
@@ -85,37 +126,13 @@ class TorchBackend:
         q = torch.cat((q_lat, q_pe.to(q_lat.dtype)), dim=-1)  # [T, H, D]
         out = torch.empty(T, H, r, dtype=q_lat.dtype, device=q_lat.device)
         flat = kv_cache.view(-1, kv_cache.shape[-1])
-        cu = meta.cu_seqlens_q.tolist()
-        ctx_lens = meta.context_lens.tolist()
-        decodes = [b for b in range(len(ctx_lens)) if cu[b + 1] - cu[b] == 1]
-        for b in range(len(ctx_lens)):
-            s, e, ctx = cu[b], cu[b + 1], ctx_lens[b]
-            if e - s <= 1:
-                continue
-            kv = flat[self._slots(meta, b, ctx)].to(q.dtype)
+        for s, e, ctx, slots in plan.prefills:
+            kv = flat[slots].to(q.dtype)
             out[s:e] = self._attend(q[s:e].unsqueeze(0), kv.unsqueeze(0), None, ctx, scale, r)[0]
-        if decodes:
-            width = max(ctx_lens[b] for b in decodes)
-            group = max(1, (1 << 26) // max(1, width * flat.shape[-1]))  # bound the gathered keys
-            for g0 in range(0, len(decodes), group):
-                rows = decodes[g0 : g0 + group]
-                slots = torch.stack([self._slots(meta, b, width, pad=True) for b in rows])
-                kv = flat[slots].to(q.dtype)  # [G, width, D]
-                lens = torch.tensor([ctx_lens[b] for b in rows], device=q.device)
-                valid = torch.arange(width, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
-                idx = torch.tensor([cu[b] for b in rows], device=q.device)
-                out[idx] = self._attend(q[idx].unsqueeze(1), kv, valid, width, scale, r)[:, 0]
+        for idx, slots, valid, width in plan.decodes:
+            kv = flat[slots].to(q.dtype)  # [G, width, D]
+            out[idx] = self._attend(q[idx].unsqueeze(1), kv, valid, width, scale, r)[:, 0]
         return out
-
-    @staticmethod
-    def _slots(meta: AttentionMetadata, b: int, n: int, pad: bool = False) -> torch.Tensor:
-        """Flat cache slots of positions 0..n-1 of sequence b (past its blocks: slot of block 0, masked)."""
-        bs = meta.block_size
-        nblk = (n + bs - 1) // bs
-        blocks = meta.block_tables[b, :nblk].to(torch.long)
-        if pad and blocks.shape[0] < nblk:
-            blocks = torch.cat((blocks, blocks.new_zeros(nblk - blocks.shape[0])))
-        return (blocks.unsqueeze(1) * bs + torch.arange(bs, device=blocks.device)).reshape(-1)[:n]
 
     @staticmethod
     def _attend(

@@ -72,8 +72,9 @@ class MLAttention(nn.Module):
         yield from self.o_proj.specs(f"{p}.o_proj")
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor, plan
     ) -> torch.Tensor:
+        """`plan` is the backend's per-step attention plan (`backend.plan_attention(meta, kv_cache_dim)`)."""
         cfg = self.cfg
         T = x.shape[0]
         nope, rope_d, r, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
@@ -97,6 +98,6 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.dense_weight().view(self.heads, nope + v, r)
         w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
-        o_lat = self.par.backend.mla_attention(q_lat, q_pe, kv_cache, meta, self.scale, r)
+        o_lat = self.par.backend.mla_attention(q_lat, q_pe, kv_cache, plan, self.scale, r)
         o = torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv).reshape(T, self.heads * v)
         return self.par.all_reduce(self.o_proj(o))

@@ -43,9 +43,9 @@ class DecoderLayer(nn.Module):
         yield from self.mlp.specs()
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor, plan
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -86,8 +86,9 @@ class DeepseekV3ForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
+        plan = self.par.backend.plan_attention(meta, self.cfg.kv_cache_dim)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, meta, cache)
+            x = layer(x, positions, meta, cache, plan)
         return self.norm(x)
 
     @torch.inference_mode()
