@@ -35,3 +35,10 @@ def points_rows(doc: dict, run_id: int) -> list[dict]:
 
 def frame(docs: list[dict], first_id: int = 1) -> pd.DataFrame:
     return pd.DataFrame([r for i, d in enumerate(docs) for r in points_rows(d, first_id + i)])
+
+
+def fixture_frames(name: str):
+    """(history frame of the main runs, candidate frame, fixture dict); the candidate is the last run."""
+    fx = load_fixture(name)
+    docs = fx["runs"]
+    return frame(docs[:-1]), frame(docs[-1:], first_id=len(docs)), fx

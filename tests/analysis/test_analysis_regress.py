@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_data import frame, load_fixture
+from analysis_data import fixture_frames, frame, load_fixture
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, compare
 
 
-def _run(fixture_frames, name, **cfg):
+def _run(name, **cfg):
     hist, cand, fx = fixture_frames(name)
     return compare(cand, hist, hist, config=RegressConfig(**cfg)), fx
 
@@ -21,8 +21,8 @@ def _flagged(res, status):
     return sorted([v.metric, v.concurrency] for v in res.verdicts if v.status == status)
 
 
-def test_ten_percent_drop_at_one_concurrency_is_flagged(fixture_frames):
-    res, fx = _run(fixture_frames, "drop10")
+def test_ten_percent_drop_at_one_concurrency_is_flagged():
+    res, fx = _run("drop10")
     assert res.overall == "regression"
     assert _flagged(res, "regression") == fx["expected"]["regressions"] == [["tput_per_gpu", 16]]
     v = next(v for v in res.regressions)
@@ -30,14 +30,14 @@ def test_ten_percent_drop_at_one_concurrency_is_flagged(fixture_frames):
     assert res.frontier.status == "unchanged"  # one point of five: the curve as a whole barely moved
 
 
-def test_two_percent_noise_is_not_flagged(fixture_frames):
-    res, _ = _run(fixture_frames, "noise2")
+def test_two_percent_noise_is_not_flagged():
+    res, _ = _run("noise2")
     assert res.overall == "unchanged"
     assert _flagged(res, "regression") == [] and _flagged(res, "improvement") == []
 
 
-def test_improvement_is_reported_as_such(fixture_frames):
-    res, fx = _run(fixture_frames, "improve12")
+def test_improvement_is_reported_as_such():
+    res, fx = _run("improve12")
     assert res.overall == "improvement"
     assert _flagged(res, "regression") == []
     imp = _flagged(res, "improvement")
@@ -46,15 +46,15 @@ def test_improvement_is_reported_as_such(fixture_frames):
     assert res.frontier.status == "improvement" and res.frontier.comparison.shift > 0.08
 
 
-def test_frontier_shifted_down_is_flagged(fixture_frames):
-    res, _ = _run(fixture_frames, "frontier_down")
+def test_frontier_shifted_down_is_flagged():
+    res, _ = _run("frontier_down")
     assert res.frontier.status == "regression"
     assert res.frontier.comparison.shift == pytest.approx(-0.09, abs=0.02)
     assert res.frontier.significance_source == "history"
 
 
-def test_frontier_that_only_traded_points_along_itself_is_not_flagged(fixture_frames):
-    res, _ = _run(fixture_frames, "frontier_trade")
+def test_frontier_that_only_traded_points_along_itself_is_not_flagged():
+    res, _ = _run("frontier_trade")
     assert res.frontier.status == "unchanged"
     assert abs(res.frontier.comparison.shift) < 0.02
     # the per-level numbers did move a lot, which is what makes this a real test of the frontier verdict
@@ -62,15 +62,15 @@ def test_frontier_that_only_traded_points_along_itself_is_not_flagged(fixture_fr
     assert all(v.rel_change > 0.1 for v in tput)
 
 
-def test_per_metric_threshold_override(fixture_frames):
-    res, _ = _run(fixture_frames, "drop10", thresholds={"tput_per_gpu": 0.15})
+def test_per_metric_threshold_override():
+    res, _ = _run("drop10", thresholds={"tput_per_gpu": 0.15})
     assert _flagged(res, "regression") == []
     assert any(v.status == "noise" or v.status == "unchanged" for v in res.verdicts if v.metric == "tput_per_gpu")
 
 
-def test_unknown_threshold_metric_is_refused(fixture_frames):
+def test_unknown_threshold_metric_is_refused():
     with pytest.raises(ValueError, match="unknown metric"):
-        _run(fixture_frames, "drop10", thresholds={"tok_per_s": 0.1})
+        _run("drop10", thresholds={"tok_per_s": 0.1})
 
 
 def test_unlike_fingerprints_are_refused_with_the_differing_fields():
@@ -92,7 +92,7 @@ def _requests(conc, n, ttft, tpot, osl, rng):
                          "e2el_ms": e2el * jit[:, 1], "output_tokens": osl, "success": True})
 
 
-def test_single_baseline_run_uses_per_request_mann_whitney(fixture_frames):
+def test_single_baseline_run_uses_per_request_mann_whitney():
     """Merge-base case: one baseline run, no history spread; per-request samples decide significance."""
     hist, cand, _ = fixture_frames("drop10")
     base = hist[hist["run_id"] == hist["run_id"].max()]
