@@ -122,3 +122,34 @@ def test_unimplemented_backend_says_so():
 
     with pytest.raises(BackendError, match="'aiter' is registered but not implemented yet"):
         get_backend("aiter", "cpu")
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_real_k25_mxfp4_layout_on_meta(tp):
+    """The full Kimi-K2.5 MXFP4 model built on the meta device: the checkpoint tensors it expects agree
+    with the published layout (reference/MXFP4.md: 139,613 tensors including the vision tower's)."""
+    from k2bench.engine.config import parse_config
+    from k2bench.engine.kernels import get_backend
+    from k2bench.engine.model import DeepseekV3ForCausalLM
+    from k2bench.engine.parallel import Parallel
+
+    cfg = parse_config(k25_config(["language_model.lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"]))
+    par = Parallel(rank=tp - 1, size=tp, dtype=torch.bfloat16, a4w4=True, backend=get_backend("torch"))
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(cfg, par)
+    specs = {s.name: s for s in model.checkpoint_specs()}
+    per_moe_layer = 7 + 2 + 2 + 384 * 3 * 2 + 3 * 2  # attention, norms, router, experts, shared expert
+    assert len(specs) == (7 + 2 + 3 * 2) + 60 * per_moe_layer + 3  # + embed, final norm, lm_head
+    e = "language_model.model.layers.5.mlp.experts.100"
+    assert specs[f"{e}.gate_proj.weight"].shape == (2048, 3584)
+    assert specs[f"{e}.gate_proj.weight_scale"].shape == (2048, 224)
+    assert specs[f"{e}.down_proj.weight"].shape == (7168, 1024)
+    assert specs[f"{e}.down_proj.weight_scale"].shape == (7168, 64)
+    assert specs["language_model.model.layers.0.self_attn.kv_b_proj.weight"].kind == "float"
+    assert specs["language_model.lm_head.weight"].shape == (163840, 7168)
+    experts = model.layers[5].mlp.experts
+    assert experts.w13.shape == (384, 2 * 2048 // tp, 3584) and experts.w2.shape == (384, 7168, 1024 // tp)
+    assert model.layers[5].self_attn.heads == 64 // tp
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if tp == 1:  # the export is "about 559 GB" including the vision tower
+        assert 550e9 < weight_bytes < 559.5e9
