@@ -86,6 +86,7 @@ class Verdict:
     rel_change: float
     worse_by: float
     threshold: float
+    factor: float = math.nan  # asv-style: > 1 means worse by that factor (1.10 = 10% worse)
     noise_p: float | None = None
     noise_z: float | None = None
     mw_p: float | None = None
@@ -98,6 +99,7 @@ class Verdict:
 class FrontierVerdict:
     comparison: pareto.FrontierComparison
     threshold: float
+    factor: float = math.nan  # asv-style: > 1 means worse by that factor (1.10 = 10% worse)
     noise_p: float | None = None
     significant: bool | None = None
     significance_source: str | None = None
@@ -235,7 +237,7 @@ def decide(m: Metric, conc: int, b_vals: np.ndarray, c_vals: np.ndarray, h_vals:
     c_center, b_center = stats.center(c_vals), stats.center(b_vals)
     eff = stats.effect(b_center, c_center, m.higher_is_better)
     v = Verdict(m.column, m.label, conc, m.higher_is_better, b_center, c_center, eff.rel_change,
-                eff.worse_by, thr)
+                eff.worse_by, thr, factor=stats.effect_factor(b_center, c_center, m.higher_is_better))
     tests = []
     if h_vals is not None and len(h_vals) >= cfg.min_history:
         nt = stats.noise_test(h_vals, b_center, c_center, n_baseline=len(stats.screened(b_vals)),

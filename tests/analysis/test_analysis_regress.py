@@ -27,6 +27,7 @@ def test_ten_percent_drop_at_one_concurrency_is_flagged():
     assert _flagged(res, "regression") == fx["expected"]["regressions"] == [["tput_per_gpu", 16]]
     v = next(v for v in res.regressions)
     assert v.rel_change == pytest.approx(-0.10, abs=0.02) and v.noise_p < 0.01
+    assert v.factor == pytest.approx(v.baseline / v.candidate)
     assert res.frontier.status == "unchanged"  # one point of five: the curve as a whole barely moved
 
 
