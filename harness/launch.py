@@ -42,9 +42,10 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in tail) if tail else "    (log is empty)"
 
 
-def _get(url: str, timeout: float) -> int:
+def _get(url: str, timeout: float, api_key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
             resp.read()
             return resp.status
     except urllib.error.HTTPError as exc:
@@ -60,7 +61,7 @@ class Server:
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, host: str, port: int,
                  log_path: Path, ready_timeout_s: float, flags: list[str] | None = None,
-                 version_argv: list[str] | None = None, name: str = "server") -> None:
+                 version_argv: list[str] | None = None, name: str = "server", api_key: str | None = None) -> None:
         self.argv = argv
         self.env = dict(env or {})
         self.host, self.port = host, port
@@ -69,6 +70,7 @@ class Server:
         self.flags = list(flags or [])
         self.version_argv = version_argv
         self.name = name
+        self.api_key = api_key
         self.proc: subprocess.Popen | None = None
         self.version: str | None = None
 
@@ -108,11 +110,16 @@ class Server:
             if code is not None:
                 raise ServerError(f"{self.name} exited with code {code} before it was ready; "
                                   f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
-            if _get(self.base_url + stage, timeout=5.0) == 200:
+            status = _get(self.base_url + stage, timeout=5.0, api_key=self.api_key)
+            if status == 200:
                 if stage == "/v1/models":
                     break
                 stage = "/v1/models"
                 continue
+            if status in (401, 403):
+                self.stop()
+                raise ServerError(f"{self.name} answered HTTP {status} on {stage}: it wants an API key "
+                                  f"(--api-key or env K2BENCH_API_KEY)")
             if time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(f"{self.name} was not ready ({stage} did not answer 200) within "
@@ -191,7 +198,7 @@ def _group_alive(pgid: int) -> bool:
 
 def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
                 extra_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
-                ready_timeout_s: float | None = None) -> Server:
+                ready_timeout_s: float | None = None, api_key: str | None = None) -> Server:
     """A Server (not yet started) for recipe ``name``; its log is named by time, recipe and port."""
     recipe = recipes.get(name)
     port = port or free_port(host)
@@ -200,4 +207,4 @@ def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, 
     log_path = Path(log_dir) / f"{stamp}-{recipe.name}-{port}.log"
     return Server(argv, env=recipe.env, host=host, port=port, log_path=log_path,
                   ready_timeout_s=ready_timeout_s or recipe.ready_timeout_s, flags=flags,
-                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server")
+                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key)

@@ -86,6 +86,7 @@ class LevelSpec:
     num_warmup: int
     timeout_s: float = 1800.0
     extra_body: dict = field(default_factory=dict)
+    api_key: str | None = None  # sent as "Authorization: Bearer KEY"
 
 
 def normalize_base_url(url: str) -> str:
@@ -119,7 +120,11 @@ async def _on_body_sent(session: aiohttp.ClientSession, ctx, params: aiohttp.Tra
         rec.send_ns = time.monotonic_ns()
 
 
-def make_session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def make_session(concurrency: int, timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=3600,
                                      enable_cleanup_closed=False)
     # The request's clock starts when its body has been handed to the socket, not when the
@@ -133,7 +138,7 @@ def make_session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
         read_bufsize=READ_BUFSIZE,
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 30.0)),
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream", **_auth(api_key)},
     )
 
 
@@ -308,7 +313,7 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     gc.collect()
     gc.disable()  # a collection pause would land in somebody's TTFT
     try:
-        async with make_session(spec.concurrency, spec.timeout_s) as session:
+        async with make_session(spec.concurrency, spec.timeout_s, spec.api_key) as session:
             if warm:
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done)
                 if not any(r.success for _, r in warm):
@@ -319,11 +324,11 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     return [rec for _, rec in work]
 
 
-async def probe(base_url: str, timeout_s: float = 10.0) -> list[str]:
+async def probe(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[str]:
     """Check the server answers ``/v1/models``; return the model ids it serves."""
     root = normalize_base_url(base_url)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=_auth(api_key)) as s:
             async with s.get(root + "/v1/models") as resp:
                 text = await resp.text(errors="replace")
                 if resp.status != 200:

@@ -140,6 +140,7 @@ class SweepConfig:
     hardware: str | None = None
     ready_timeout_s: float | None = None
     log_dir: str = "results/logs"
+    api_key: str | None = None
     notes: str | None = None
 
     def prompts_for(self, conc: int) -> int:
@@ -238,7 +239,7 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
     """Yield what the run records about the server: base_url, engine, version, flags, command..."""
     if cfg.url:
         base = normalize_base_url(cfg.url)
-        served = run_async(probe(base))
+        served = run_async(probe(base, api_key=cfg.api_key))
         yield {"base_url": base, "engine": cfg.engine or "external", "engine_version": None,
                "engine_flags": None, "server_command": None, "served": served, "model_dir": None, "log": None,
                "died": lambda: None}
@@ -251,10 +252,10 @@ def _server(cfg: SweepConfig, say: Callable[[str], None]) -> Iterator[dict]:
             raise UserError(f"--engine {name} needs --model (a model path or hub id)")
         model = str(ensure_tiny_model(say=say))
     server = launch.from_recipe(name, model=model, tp=cfg.tp, extra_args=cfg.server_args, log_dir=cfg.log_dir,
-                                ready_timeout_s=cfg.ready_timeout_s)
+                                ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key)
     say(f"starting {name}: {server.command}  (log: {server.log_path})")
     with server:
-        served = run_async(probe(server.base_url))
+        served = run_async(probe(server.base_url, api_key=cfg.api_key))
         model_dir = Path(model) if Path(model).is_dir() else None
         yield {"base_url": server.base_url, "engine": name, "engine_version": server.version,
                "engine_flags": server.flags, "server_command": server.command, "served": served,
@@ -314,7 +315,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     prompts = workloads.build_prompts(w, n, base_url=srv["base_url"], model=request_model,
                                                       vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
                     spec = LevelSpec(base_url=srv["base_url"], model=request_model, concurrency=conc,
-                                     num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s)
+                                     num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
                     records = run_async(run_level(spec, prompts, on_done))
                     reason = level_failure(records)

@@ -65,6 +65,7 @@ class ServerConfig:
     completion_tokens_delta: int = 0  # report usage.completion_tokens off by this much
     start_delay_s: float = 0.0  # /health and /v1/models answer 503 until this long after start
     max_model_len: int = 1 << 20
+    api_key: str | None = None  # require "Authorization: Bearer KEY" (not on /health)
 
 
 def _tokenize(text: str) -> list[int]:
@@ -116,6 +117,9 @@ class TestServer:
         handler = self._routes.get((request.method, request.path))
         if handler is None:
             return _error(404, f"no route {request.method} {request.path}")
+        key = self.config.api_key
+        if key and request.path != "/health" and request.headers.get("Authorization") != f"Bearer {key}":
+            return _error(401, "invalid or missing API key")
         return await handler(request)
 
     async def serve(self, host: str, port: int) -> None:
@@ -255,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--completion-tokens-delta", type=int, default=0, help="misreport usage by this much")
     p.add_argument("--start-delay-s", type=float, default=0.0, help="stay unready this long")
     p.add_argument("--max-model-len", type=int, default=ServerConfig.max_model_len)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -264,7 +269,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens_per_message=args.tokens_per_message,
         prefill_us_per_token=args.prefill_us_per_token, fail_status=args.fail_status, fail_every=args.fail_every,
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
-        start_delay_s=args.start_delay_s, max_model_len=args.max_model_len,
+        start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
     )
 
 

@@ -6,6 +6,7 @@ Heavy imports (aiohttp, numpy, sqlalchemy, rich) happen inside the handler.
 from __future__ import annotations
 
 import argparse
+import os
 
 DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny generated MXFP4 model "
                  "on this machine (TP 1).")
@@ -23,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "testserver; default bundled)")
     target.add_argument("--model", help="model path or id (default for bundled: the tiny generated model)")
     target.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
-    target.add_argument("--server-args", default=None, help="extra server arguments, one quoted string")
+    target.add_argument("--server-args", default=None,
+                        help="extra server arguments, one quoted string (write --server-args='--flag' for one flag)")
+    target.add_argument("--api-key", default=None,
+                        help="send 'Authorization: Bearer KEY' (default: env K2BENCH_API_KEY, if set)")
     target.add_argument("--ready-timeout", type=float, default=None, metavar="S",
                         help="seconds to wait for a launched server (default: the recipe's)")
     load = p.add_argument_group("load")
@@ -67,6 +71,7 @@ def _config(args: argparse.Namespace):
         branch=args.branch, tags=parse_tags(args.tag), gpus=args.gpus, timeout_s=args.timeout,
         server_args=args.server_args, precision=args.precision, hardware=args.hardware,
         ready_timeout_s=args.ready_timeout, notes=args.notes,
+        api_key=args.api_key or os.environ.get("K2BENCH_API_KEY") or None,
     )
 
 

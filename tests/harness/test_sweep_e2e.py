@@ -18,12 +18,14 @@ from k2bench.workloads.loader import Workload
 
 
 @contextlib.contextmanager
-def serving(tmp_path, *args: str):
-    with launch.from_recipe("testserver", model="k2bench-test", extra_args=list(args), log_dir=tmp_path) as s:
+def serving(tmp_path, *args: str, api_key: str | None = None):
+    with launch.from_recipe("testserver", model="k2bench-test", extra_args=list(args), log_dir=tmp_path,
+                            api_key=api_key) as s:
         yield s.base_url
 
 
-def test_sweep_launches_measures_stores_and_writes_json(tmp_path, capsys) -> None:
+def test_sweep_launches_measures_stores_and_writes_json(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the server log goes to ./results/logs
     db = f"sqlite:///{tmp_path}/k.db"
     out = tmp_path / "run.json"
     code = main(["sweep", "--engine", "testserver", "--server-args", "--ttft-ms 100 --itl-ms 10",
@@ -48,7 +50,7 @@ def test_sweep_launches_measures_stores_and_writes_json(tmp_path, capsys) -> Non
     with Store.open(db, readonly=True) as store:
         reqs = store.requests_frame(run["id"])
         assert len(reqs) == 16 and reqs["success"].all()
-        assert run["extra"]["server_log"] and tmp_path.exists()
+    assert (tmp_path / run["extra"]["server_log"]).read_text().startswith("# k2bench launch")
 
 
 def test_trials_are_stored_as_trial_numbers(tmp_path) -> None:
@@ -161,3 +163,22 @@ def test_launched_server_dying_mid_sweep_shows_its_log(tmp_path, capsys) -> None
         run_sweep(cfg, LevelEvents(level_done=kill_server))
     with Store.open(db, readonly=True) as store:
         assert store.list_runs()[0]["status"] == "partial"
+
+
+def test_api_key_is_sent_and_a_missing_one_is_a_clear_error(tmp_path, capsys, monkeypatch) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    common = ["--isl", "8", "--osl", "4", "--conc", "1", "--num-prompts", "2", "--warmup", "0", "--db", db]
+    with serving(tmp_path, "--api-key", "s3cret", "--ttft-ms", "1", "--itl-ms", "1", api_key="s3cret") as url:
+        code = main(["sweep", "--url", url, *common])
+        err = capsys.readouterr().err
+        assert code == 3 and "HTTP 401" in err and "API key" in err
+        monkeypatch.setenv("K2BENCH_API_KEY", "s3cret")
+        assert main(["sweep", "--url", url, *common]) == 0
+
+
+def test_launched_server_wanting_a_key_is_named_at_once(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["sweep", "--engine", "testserver", "--server-args=--api-key=k", "--conc", "1",
+                 "--db", f"sqlite:///{tmp_path}/k.db"])
+    err = capsys.readouterr().err
+    assert code == 3 and "HTTP 401 on /v1/models" in err and "--api-key" in err
