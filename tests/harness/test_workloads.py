@@ -98,3 +98,42 @@ def test_text_mode_round_trips_through_server_tokenizer(tmp_path) -> None:
 def test_text_mode_without_server_is_a_user_error() -> None:
     with pytest.raises(UserError, match="need a server"):
         loader.build_prompts(loader.Workload(name="txt", isl=5, osl=2, mode="text"), 1)
+
+
+async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
+    """A tokenizer that merges "ab" into one token: decode-then-encode loses tokens, so text mode has
+    to top the prompt up (and trim) until the server counts exactly the wanted length."""
+    import re
+
+    from aiohttp import web
+    from conftest import free_port
+
+    def detok(ids: list[int]) -> str:
+        return "".join("ab" if i == 100 else chr(97 + i % 26) for i in ids)
+
+    def tok(text: str) -> list[int]:
+        return [100 if m == "ab" else ord(m) - 97 for m in re.findall(r"ab|[a-z]", text)]
+
+    async def tokenize(request: web.Request) -> web.Response:
+        ids = tok((await request.json())["prompt"])
+        return web.json_response({"tokens": ids, "count": len(ids)})
+
+    async def detokenize(request: web.Request) -> web.Response:
+        return web.json_response({"prompt": detok((await request.json())["tokens"])})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        w = loader.Workload(name="merge", isl=400, osl=4, mode="text", token_id_range=(0, 2))  # only a/b
+        seeds = loader.token_prompts(w, 3)
+        assert any(len(tok(detok(p.token_ids))) < 400 for p in seeds)  # the naive round trip falls short
+        prompts = await loader._text_prompts(f"http://127.0.0.1:{port}", "m", seeds)
+    finally:
+        await runner.cleanup()
+    for p in prompts:
+        assert len(tok(p.text)) == 400 == p.input_len
