@@ -31,7 +31,7 @@ class Parallel:
     size: int = 1
     dtype: torch.dtype = torch.float32
     a4w4: bool = False
-    backend: object = None  # a kernels backend (k2bench.engine.kernels.Backend)
+    backend: object = None  # a kernels backend object (see k2bench.engine.kernels)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
