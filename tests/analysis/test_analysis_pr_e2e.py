@@ -94,12 +94,18 @@ def test_pr_script_comments_and_fails_on_an_injected_slowdown(tmp_path):
     assert "❌ **Regression**" in comment.splitlines()[3]
     assert f"`{head_sha[:10]}`" in comment and f"`{base_sha[:10]}`" in comment
     assert f"merge-base {base_sha[:10]} of main" in comment
-    assert "TPOT p50" in comment and "(requests)" in comment
+    assert "E2EL p50" in comment and "(requests)" in comment
     assert (out / "comment.png").read_bytes()[:4] == b"\x89PNG"
     verdict = json.loads((out / "regress.json").read_text())
     assert verdict["overall"] == "regression"
-    tpot = [v for v in verdict["verdicts"] if v["metric"] == "tpot_ms_median"]
-    assert tpot and all(v["status"] == "regression" and v["rel_change"] > 0.5 for v in tpot)
+    by = {(v["metric"], v["concurrency"]): v for v in verdict["verdicts"]}
+    for conc in (2, 4):
+        # E2EL and tok/s/GPU carry the slowdown most robustly (on a loaded 2-core machine a starved
+        # server sometimes flushes a stream in one burst, which scatters per-request TPOT)
+        assert by[("e2el_ms_median", conc)]["status"] == "regression"
+        assert by[("tput_per_gpu", conc)]["status"] == "regression"
+        assert by[("tput_per_gpu", conc)]["rel_change"] < -0.25
+        assert by[("tpot_ms_median", conc)]["rel_change"] > 0.5
 
     store = Store.open(f"sqlite:///{out / 'k2bench.db'}", readonly=True)
     runs = {r["commit"]: r for r in store.list_runs()}
