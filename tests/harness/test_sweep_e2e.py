@@ -182,3 +182,41 @@ def test_launched_server_wanting_a_key_is_named_at_once(tmp_path, capsys, monkey
                  "--db", f"sqlite:///{tmp_path}/k.db"])
     err = capsys.readouterr().err
     assert code == 3 and "HTTP 401 on /v1/models" in err and "--api-key" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_mid_sweep_keeps_levels_and_stops_the_server(tmp_path, sig: str) -> None:
+    """A real `k2bench sweep` process, signalled during its second level: it exits, the finished level
+    is kept (run partial, JSON written), and the server it launched is gone."""
+    import signal
+    import socket
+    import time
+
+    db = f"sqlite:///{tmp_path}/k.db"
+    argv = [sys.executable, "-m", "k2bench.harness.cli", "sweep", "--engine", "testserver",
+            "--server-args=--ttft-ms 20 --itl-ms 20", "--isl", "8", "--osl", "40", "--conc", "1,2,4",
+            "--num-prompts", "2", "--warmup", "0", "--db", db, "--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        points = 0
+        while time.monotonic() < deadline and points == 0:
+            time.sleep(0.2)
+            try:
+                with Store.open(db, readonly=True) as store:
+                    points = len(store.points_frame())
+            except Exception:  # the database may not exist yet
+                continue
+        assert points >= 1, "the first level never finished"
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["run"]["status"] == "partial" and [p["concurrency"] for p in doc["points"]] == [1]
+    port = int(doc["run"]["extra"]["base_url"].rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nobody serves there any more
