@@ -201,3 +201,11 @@ def test_error_event_inside_a_stream_is_reported() -> None:
             b"data: [DONE]"]
     _digest(rec, [1, 2, 3], msgs, None)
     assert not rec.success and "KV cache exhausted" in rec.error and rec.token_ns == [1]
+
+
+def test_prefill_time_grows_with_prompt_length(tmp_path) -> None:
+    with serving(tmp_path, ttft_ms=20, itl_ms=1, prefill_us_per_token=500) as url:
+        short = asyncio.run(run_level(LevelSpec(url, "k2bench-test", 1, 2, 0), prompts(isl=10, osl=4)))
+        long = asyncio.run(run_level(LevelSpec(url, "k2bench-test", 1, 2, 0), prompts(isl=210, osl=4)))
+    ttft = [summarize_level(r, concurrency=1, num_gpus=1)["ttft_ms"]["median"] for r in (short, long)]
+    assert ttft[0] == pytest.approx(20 + 5, abs=4) and ttft[1] == pytest.approx(20 + 105, abs=4)

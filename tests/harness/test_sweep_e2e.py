@@ -64,6 +64,8 @@ def test_trials_are_stored_as_trial_numbers(tmp_path) -> None:
         frame = store.points_frame([result.run_id])
     assert sorted(zip(frame["concurrency"], frame["trial"], strict=True)) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert set(frame["num_gpus"]) == {2} and set(frame["engine"]) == {"external"}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    assert result.meta["commit"] == head  # default: git HEAD of the checkout the sweep runs in
 
 
 def test_interrupted_sweep_keeps_finished_levels_as_partial(tmp_path) -> None:
