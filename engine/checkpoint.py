@@ -1,9 +1,10 @@
 """Strict, lazy loading of Hugging Face safetensors checkpoints (single file or sharded with an index).
 
 The model declares every tensor it expects (`TensorSpec`: checkpoint name, full shape, kind,
-loader). Loading walks the files with `safe_open` (memory-mapped, one tensor at a time), checks
-each tensor's shape and dtype kind before reading it, and hands it to its spec's loader, which
-copies only this rank's shard into the already-allocated parameter. Afterwards:
+loader, and the part this rank keeps). Loading walks the files with `safe_open` (memory-mapped,
+one tensor at a time), checks each tensor's shape and dtype kind before reading anything, reads
+only this rank's rows or columns of a split tensor, and hands them to the spec's loader, which
+copies them into the already-allocated parameter. Afterwards:
 - a checkpoint tensor no spec names is an error (unless it is deliberately skipped: vision
   weights of the K2.5 wrapper, multi-token-prediction layers past num_hidden_layers);
 - a spec no checkpoint tensor provided is an error;
@@ -95,7 +96,11 @@ def load_checkpoint(model_dir: str | Path, specs: Iterable[TensorSpec], cfg: Mod
                         f"tensor {name} in {path.name} has dtype {dtype}, expected one of {sorted(allowed)}"
                         + (" (an MXFP4 packed weight or E8M0 scale)" if spec.kind == "uint8" else "")
                     )
-                t = fh.get_tensor(name)
+                if spec.part is None:
+                    t = fh.get_tensor(name)
+                else:  # read only this rank's rows / columns
+                    dim, start, length = spec.part
+                    t = sl[start : start + length] if dim == 0 else sl[:, start : start + length]
                 if spec.kind == "uint8" and t.dtype != torch.uint8:
                     t = t.view(torch.uint8)
                 spec.load(t)

@@ -47,7 +47,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     kind: str  # "float" (any float dtype, cast on load) or "uint8" (packed FP4 / E8M0)
     param: nn.Parameter
-    load: Callable[[torch.Tensor], None]
+    load: Callable[[torch.Tensor], None]  # takes the `part` of the tensor (the whole tensor if part is None)
+    part: tuple[int, int, int] | None = None  # (dim, start, length) this rank keeps; read only that
 
 
 def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
@@ -120,40 +121,46 @@ class Linear(nn.Module):
             self.weight = nn.Parameter(torch.empty(out_l, self.local_in, dtype=par.dtype), requires_grad=False)
             self.weight_scale = None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None) -> None:
-        """Copy this rank's part of a full checkpoint tensor (piece `shard` of a merged linear)."""
-        idx = shard or 0
-        rows_full = self.out_splits[idx]
-        rows_local = self.local_splits[idx]
-        row0 = sum(self.local_splits[:idx])
-        t = loaded
+    def shard_part(self, param: nn.Parameter, shard: int | None = None) -> tuple[int, int, int] | None:
+        """(dim, start, length) of the full checkpoint tensor that this rank keeps; None: all of it."""
         if self.tp_dim == 0:
-            t = t.narrow(0, self.par.rank * rows_local, rows_local)
-        elif self.tp_dim == 1:
-            cols = param.shape[1]
-            t = t.narrow(1, self.par.rank * cols, cols)
-        dst = param.data.narrow(0, row0, rows_local)
+            rows = self.local_splits[shard or 0]
+            return (0, self.par.rank * rows, rows)
+        if self.tp_dim == 1:
+            cols = param.shape[1]  # packed bytes, scales or values: the local width of this tensor
+            return (1, self.par.rank * cols, cols)
+        return None
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None, *, narrowed: bool = False
+    ) -> None:
+        """Copy this rank's part of a checkpoint tensor (piece `shard` of a merged linear) into `param`.
+
+        `loaded` is the full tensor, or already this rank's part when `narrowed` (the checkpoint
+        loader reads only `shard_part` from disk)."""
+        idx = shard or 0
+        part = None if narrowed else self.shard_part(param, shard)
+        t = loaded if part is None else loaded.narrow(*part)
+        dst = param.data.narrow(0, sum(self.local_splits[:idx]), self.local_splits[idx])
         if t.shape != dst.shape:
-            raise ValueError(f"shard shape {tuple(t.shape)} != {tuple(dst.shape)} (full rows {rows_full})")
+            raise ValueError(f"shard shape {tuple(t.shape)} != {tuple(dst.shape)}")
         dst.copy_(t if param.dtype == torch.uint8 else t.to(param.dtype))
 
     def specs(self, ckpt_name: str, shard: int | None = None) -> Iterator[TensorSpec]:
         """The checkpoint tensors `<ckpt_name>.weight` (and `.weight_scale`) feeding piece `shard`."""
         rows = self.out_splits[shard or 0]
+        tensors = [("weight", self.weight, self.in_features, "float")]
         if self.quantized:
+            tensors = [("weight", self.weight, self.in_features // 2, "uint8"),
+                       ("weight_scale", self.weight_scale, self.in_features // BLOCK, "uint8")]
+        for suffix, param, cols, kind in tensors:
             yield TensorSpec(
-                f"{ckpt_name}.weight", (rows, self.in_features // 2), "uint8", self.weight,
-                lambda t: self.weight_loader(self.weight, t, shard),
+                f"{ckpt_name}.{suffix}", (rows, cols), kind, param,
+                self._bind(param, shard), self.shard_part(param, shard),
             )
-            yield TensorSpec(
-                f"{ckpt_name}.weight_scale", (rows, self.in_features // BLOCK), "uint8", self.weight_scale,
-                lambda t: self.weight_loader(self.weight_scale, t, shard),
-            )
-        else:
-            yield TensorSpec(
-                f"{ckpt_name}.weight", (rows, self.in_features), "float", self.weight,
-                lambda t: self.weight_loader(self.weight, t, shard),
-            )
+
+    def _bind(self, param: nn.Parameter, shard: int | None) -> Callable[[torch.Tensor], None]:
+        return lambda t: self.weight_loader(param, t, shard, narrowed=True)
 
     def dense_weight(self) -> torch.Tensor:
         """The local weight in the compute dtype (MXFP4 dequantised), for absorbed-attention algebra."""

@@ -110,16 +110,24 @@ class Experts(nn.Module):
             self.w2 = replicated_param((E, H, L), par.dtype)
             self.w13_scale = self.w2_scale = None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert: int, which: str) -> None:
-        """Place expert `expert`'s gate/up/down tensor (full) into this rank's slice of the stack."""
+    def shard_part(self, param: nn.Parameter, which: str) -> tuple[int, int, int]:
+        """(dim, start, length) of one expert's full gate/up/down tensor that this rank keeps."""
         r = self.par.rank
         if which in ("gate", "up"):
-            L = param.shape[1] // 2
-            src = loaded.narrow(0, r * L, L)
-            dst = param.data[expert].narrow(0, 0 if which == "gate" else L, L)
+            rows = param.shape[1] // 2
+            return (0, r * rows, rows)
+        cols = param.shape[2]
+        return (1, r * cols, cols)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, expert: int, which: str, *, narrowed: bool = False
+    ) -> None:
+        """Place expert `expert`'s gate/up/down tensor (full, or this rank's part if `narrowed`) in the stack."""
+        src = loaded if narrowed else loaded.narrow(*self.shard_part(param, which))
+        if which in ("gate", "up"):
+            rows = param.shape[1] // 2
+            dst = param.data[expert].narrow(0, 0 if which == "gate" else rows, rows)
         else:
-            cols = param.shape[2]
-            src = loaded.narrow(1, r * cols, cols)
             dst = param.data[expert]
         if src.shape != dst.shape:
             raise ValueError(f"shard shape {tuple(src.shape)} != {tuple(dst.shape)}")
@@ -132,15 +140,16 @@ class Experts(nn.Module):
                 name = f"{self.prefix}.{e}.{which}_proj"
                 w, s = (self.w2, self.w2_scale) if which == "down" else (self.w13, self.w13_scale)
                 if self.quantized:
-                    yield TensorSpec(f"{name}.weight", (shape[0], shape[1] // 2), "uint8", w,
-                                     self._bind(w, e, which))
-                    yield TensorSpec(f"{name}.weight_scale", (shape[0], shape[1] // BLOCK), "uint8", s,
-                                     self._bind(s, e, which))
+                    tensors = [("weight", w, (shape[0], shape[1] // 2), "uint8"),
+                               ("weight_scale", s, (shape[0], shape[1] // BLOCK), "uint8")]
                 else:
-                    yield TensorSpec(f"{name}.weight", shape, "float", w, self._bind(w, e, which))
+                    tensors = [("weight", w, shape, "float")]
+                for suffix, param, full, kind in tensors:
+                    yield TensorSpec(f"{name}.{suffix}", full, kind, param, self._bind(param, e, which),
+                                     self.shard_part(param, which))
 
     def _bind(self, param: nn.Parameter, e: int, which: str):
-        return lambda t: self.weight_loader(param, t, e, which)
+        return lambda t: self.weight_loader(param, t, e, which, narrowed=True)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.par.backend.fused_moe(

@@ -163,3 +163,30 @@ def test_bf16_checkpoint_and_cli(tmp_path):
     with pytest.raises(Exception, match="needs an MXFP4 checkpoint"):
         _load(out, quant_mode="a4w4")
     assert main(["engine", "tiny", "--out", str(out), "--layers", "0"]) == 2
+
+
+@pytest.mark.parametrize("tp_dim", [0, 1])
+def test_weight_loader_full_tensor_equals_sliced_read(tp_dim):
+    """A parallel linear's weight_loader narrows a full tensor itself; the checkpoint loader instead
+    reads only `part` from disk. Both must land the same bytes for every rank."""
+    from k2bench.engine.kernels import get_backend
+    from k2bench.engine.mxfp4 import quantize_mxfp4
+    from k2bench.engine.parallel import Linear, Parallel
+
+    full = torch.randn(2 * 64, 256)  # merged gate/up: two pieces of 64 rows
+    packed, scales = quantize_mxfp4(full)
+    for rank in range(2):
+        par = Parallel(rank=rank, size=2, backend=get_backend("torch"))
+        a = Linear(256, 128, par, tp_dim=tp_dim, quantized=True, out_splits=(64, 64))
+        b = Linear(256, 128, par, tp_dim=tp_dim, quantized=True, out_splits=(64, 64))
+        for piece in (0, 1):
+            rows = slice(piece * 64, (piece + 1) * 64)
+            for param_a, spec, src in zip((a.weight, a.weight_scale), b.specs("x", piece),
+                                          (packed[rows], scales[rows]), strict=True):
+                a.weight_loader(param_a, src, piece)
+                dim, start, length = spec.part
+                spec.load(src.narrow(dim, start, length))
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.weight_scale, b.weight_scale)
+        x = torch.randn(3, a.local_in)
+        y = a(x)
+        assert y.shape == (3, sum(a.local_splits))
