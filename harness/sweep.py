@@ -312,7 +312,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
             for conc in cfg.levels:
                 for trial in range(cfg.trials):
                     n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
-                    prompts = workloads.build_prompts(w, n, base_url=srv["base_url"], model=request_model,
+                    # one distinct prompt per request, warmup included: a server with prefix caching
+                    # must not get measured requests it has already seen
+                    prompts = workloads.build_prompts(w, n + warm, base_url=srv["base_url"], model=request_model,
                                                       vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
                     spec = LevelSpec(base_url=srv["base_url"], model=request_model, concurrency=conc,
                                      num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)

@@ -222,3 +222,23 @@ def test_signal_mid_sweep_keeps_levels_and_stops_the_server(tmp_path, sig: str) 
     port = int(doc["run"]["extra"]["base_url"].rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nobody serves there any more
+
+
+def test_every_request_of_a_level_gets_its_own_prompt(tmp_path, monkeypatch) -> None:
+    """Warmup prompts are not reused by measured requests (prefix caches would make those cheap)."""
+    db = f"sqlite:///{tmp_path}/k.db"
+    seen: list[bytes] = []
+    import k2bench.harness.loadgen as lg
+
+    original = lg.request_body
+
+    def spy(model, prompt, extra=None):
+        body = original(model, prompt, extra)
+        seen.append(json.dumps(prompt.token_ids).encode())
+        return body
+
+    monkeypatch.setattr(lg, "request_body", spy)
+    with serving(tmp_path, "--ttft-ms", "1", "--itl-ms", "1") as url:
+        run_sweep(SweepConfig(levels=[2], workload=Workload(name="w", isl=16, osl=2), url=url, num_prompts=6,
+                              warmup=4, db=db))
+    assert len(seen) == 10 and len(set(seen)) == 10
