@@ -37,8 +37,12 @@ try:  # optional, faster; the stdlib parser gives the same answers
     import orjson
 
     _loads = orjson.loads
+    _dumps = orjson.dumps
+    _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
+    _dumps = None
+    _NUMPY = 0
 
 READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
 ERRORS_KEPT = 400  # characters of a server's error body kept in a record
@@ -67,11 +71,11 @@ class Prompt:
 
     input_len: int
     output_len: int
-    token_ids: list[int] | None = None
+    token_ids: Sequence[int] | None = None  # a list, or a numpy array (compact for long prompts)
     text: str | None = None
 
     @property
-    def prompt(self) -> list[int] | str:
+    def prompt(self) -> Sequence[int] | str:
         return self.token_ids if self.token_ids is not None else (self.text or "")
 
 
@@ -111,6 +115,10 @@ def request_body(model: str, prompt: Prompt, extra: dict | None = None) -> bytes
         "stream_options": {"include_usage": True},
     }
     body.update(extra or {})
+    if _dumps is not None:
+        return _dumps(body, option=_NUMPY)
+    if hasattr(body["prompt"], "tolist"):
+        body["prompt"] = body["prompt"].tolist()
     return json.dumps(body, separators=(",", ":")).encode()
 
 

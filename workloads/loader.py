@@ -181,13 +181,13 @@ def lengths(w: Workload, n: int, rng: np.random.Generator) -> tuple[np.ndarray, 
 
 
 def token_prompts(w: Workload, n: int, vocab: Vocabulary | None = None, seed: int | None = None) -> list[Prompt]:
-    """``n`` token-id prompts of the workload's lengths; same seed, same prompts."""
+    """``n`` token-id prompts of the workload's lengths (int32 arrays); same seed, same prompts."""
     vocab = vocab or default_vocabulary(w)
     rng = np.random.default_rng(w.seed if seed is None else seed)
     ins, outs = lengths(w, n, rng)
     prompts = []
     for i_len, o_len in zip(ins.tolist(), outs.tolist(), strict=True):
-        ids = vocab.allowed[rng.integers(0, vocab.allowed.size, size=i_len)].tolist()
+        ids = vocab.allowed[rng.integers(0, vocab.allowed.size, size=i_len)].astype(np.int32)
         prompts.append(Prompt(input_len=i_len, output_len=o_len, token_ids=ids))
     return prompts
 
@@ -209,7 +209,7 @@ async def _text_prompts(base_url: str, model: str, token_sets: list[Prompt]) -> 
     out = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         for p in token_sets:
-            ids = list(p.token_ids or [])
+            ids = np.asarray(p.token_ids if p.token_ids is not None else [], dtype=np.int64).tolist()
             text, count = "", -1
             for _ in range(4):  # decode, re-encode, trim: converges in one or two rounds
                 text = (await _post(session, root + "/detokenize", {"model": model, "tokens": ids}))["prompt"]

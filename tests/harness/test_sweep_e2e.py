@@ -234,7 +234,7 @@ def test_every_request_of_a_level_gets_its_own_prompt(tmp_path, monkeypatch) -> 
 
     def spy(model, prompt, extra=None):
         body = original(model, prompt, extra)
-        seen.append(json.dumps(prompt.token_ids).encode())
+        seen.append(bytes(prompt.token_ids.tobytes()))
         return body
 
     monkeypatch.setattr(lg, "request_body", spy)

@@ -45,11 +45,11 @@ def test_token_prompts_exact_seeded_and_in_range() -> None:
     a = loader.token_prompts(w, 5, seed=1)
     b = loader.token_prompts(w, 5, seed=1)
     c = loader.token_prompts(w, 5, seed=2)
-    assert [p.token_ids for p in a] == [p.token_ids for p in b]
-    assert [p.token_ids for p in a] != [p.token_ids for p in c]
+    assert [p.token_ids.tolist() for p in a] == [p.token_ids.tolist() for p in b]
+    assert [p.token_ids.tolist() for p in a] != [p.token_ids.tolist() for p in c]
     for p in a:
         assert p.input_len == len(p.token_ids) == 300 and p.output_len == 20
-        assert set(p.token_ids) <= set(range(50, 60))
+        assert set(p.token_ids.tolist()) <= set(range(50, 60))
 
 
 def test_vocabulary_from_model_dir_avoids_special_tokens(tmp_path) -> None:
