@@ -132,7 +132,7 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
         workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype]])
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=rt.block_size, kv_code=KV_CODES[kv_dtype],
                          max_model_len=max_model_len, max_rows=rt.max_num_seqs, device=rank_dev)
-    eos = cfg.eos_token_id
+    eos = getattr(cfg, "eos_token_ids", None) or cfg.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     sched = Scheduler(rt, BlockManager(num_blocks, rt.block_size), eos_token_ids=eos_ids)
     log.info("engine ready: %s, tp %d, %d KV blocks of %d (%s), max_model_len %d, pid %d", device, opts.tp,
