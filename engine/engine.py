@@ -38,6 +38,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.comm = comm  # tensor-parallel broadcaster (rank 0), or None
         self.stats = EngineStats()
+        self.idle_step = False  # the last step found nothing it could schedule
 
     @property
     def config(self):
@@ -80,6 +81,7 @@ class LLMEngine:
         sched = self.scheduler.schedule(t0)
         for seq in sched.preempted:
             self.runner.release(seq)
+        self.idle_step = sched.empty
         if sched.empty:
             return []
         for s in sched.seqs:
@@ -207,6 +209,8 @@ class AsyncEngine:
                     updated = []
                 for seq in updated:
                     events.append((seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)))
+                if eng.idle_step:
+                    time.sleep(0.001)  # work exists but none is schedulable yet: do not spin
             if events:
                 self.loop.call_soon_threadsafe(self._dispatch, events)
 

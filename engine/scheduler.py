@@ -116,7 +116,7 @@ class Scheduler:
         if not preempted and self.waiting and self._admission_allowed(now):
             while self.waiting and budget > 0 and len(running) < self.config.max_num_seqs:
                 seq = self.waiting[0]
-                reserve = 0 if seq.num_preemptions else self._watermark
+                reserve = 0 if (seq.num_preemptions or not running) else self._watermark
                 # Blocks for the whole known sequence now, so that prefill chunks never preempt.
                 if not self.blocks.can_fit(seq, seq.num_tokens, reserve):
                     break

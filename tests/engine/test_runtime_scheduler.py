@@ -165,3 +165,12 @@ def test_watermark_keeps_blocks_for_running_sequences():
     s.add(b)
     out = s.schedule(0.0)
     assert [x.seq for x in out.seqs] == [a]  # b's 3 blocks would leave fewer than 2 of the 4 free
+
+
+def test_a_request_needing_the_whole_cache_is_admitted_when_alone():
+    cfg = RuntimeConfig(block_size=4, max_model_len=400, kv_watermark=0.1)
+    s = Scheduler(cfg, BlockManager(10, 4))
+    a = seq(36, max_tokens=4)  # 40 tokens = all 10 blocks; the watermark would keep one free
+    s.add(a)
+    out = s.schedule(0.0)
+    assert [x.seq for x in out.seqs] == [a]
