@@ -37,9 +37,22 @@ class TinySpec:
     nope: int = 32
     rope: int = 16
     v: int = 32
-    vocab: int = 512
+    vocab: int = 512  # the tokenizer's target size; the model's vocab_size too unless model_vocab is set
     max_positions: int = 16384
     shards: int = 2
+    rope_factor: float = 4.0  # YaRN factor (original_max_position_embeddings 4096)
+    model_vocab: int | None = None  # embedding rows when larger than the trained tokenizer (full-width runs)
+
+
+# Kimi-K2.5's text model at full layer width (reference/KIMI_K2.md) with only a few layers: real
+# per-layer shapes and bytes for GPU runs, without the 1T parameters. Ids past the tiny tokenizer are
+# valid model ids (prompts are token ids) and decode to nothing.
+KIMI_K2_WIDTH = TinySpec(
+    layers=4, hidden=7168, heads=64, intermediate=18432, moe_intermediate=2048, experts=384,
+    experts_per_tok=8, n_group=1, topk_group=1, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128,
+    vocab=512, model_vocab=163840, max_positions=262144, shards=4, rope_factor=64.0,
+)
+PRESETS = {"tiny": TinySpec(), "kimi-k2-width": KIMI_K2_WIDTH}
 
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"]
@@ -112,7 +125,7 @@ def _config(spec: TinySpec, vocab: int, ids: dict[str, int], quant: str) -> dict
         "rope_theta": 50000.0,
         "rope_scaling": {
             "type": "yarn",
-            "factor": 4.0,
+            "factor": spec.rope_factor,
             "original_max_position_embeddings": 4096,
             "beta_fast": 32,
             "beta_slow": 1,
@@ -139,50 +152,62 @@ def _config(spec: TinySpec, vocab: int, ids: dict[str, int], quant: str) -> dict
     return cfg
 
 
-def random_state(spec: TinySpec, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    """Float32 weights with the HF names; scaled so activations stay O(1) through the layers."""
-    g = torch.Generator().manual_seed(seed)
+def weight_plan(spec: TinySpec, vocab: int) -> list[tuple[str, tuple[int, ...], str, float]]:
+    """Every tensor of the checkpoint with HF names: (name, shape, kind, std), kind in w/norm/bias.
 
-    def w(*shape: int, std: float | None = None) -> torch.Tensor:
-        std = std if std is not None else shape[-1] ** -0.5
-        return torch.randn(*shape, generator=g) * std
-
-    def norm(n: int) -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(n, generator=g)
-
+    Scales keep activations O(1) through the layers. Grouped by layer in file order.
+    """
     s = spec
-    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(vocab, s.hidden, std=1.0)}
+    plan: list[tuple[str, tuple[int, ...], str, float]] = []
+
+    def w(name: str, *shape: int, std: float | None = None) -> None:
+        plan.append((name, shape, "w", std if std is not None else shape[-1] ** -0.5))
+
+    def norm(name: str, n: int) -> None:
+        plan.append((name, (n,), "norm", 0.1))
+
+    w("model.embed_tokens.weight", vocab, s.hidden, std=1.0)
     for i in range(s.layers):
         p = f"model.layers.{i}"
-        out[f"{p}.input_layernorm.weight"] = norm(s.hidden)
-        out[f"{p}.post_attention_layernorm.weight"] = norm(s.hidden)
+        norm(f"{p}.input_layernorm.weight", s.hidden)
+        norm(f"{p}.post_attention_layernorm.weight", s.hidden)
         a = f"{p}.self_attn"
-        out[f"{a}.q_a_proj.weight"] = w(s.q_lora, s.hidden)
-        out[f"{a}.q_a_layernorm.weight"] = norm(s.q_lora)
-        out[f"{a}.q_b_proj.weight"] = w(s.heads * (s.nope + s.rope), s.q_lora)
-        out[f"{a}.kv_a_proj_with_mqa.weight"] = w(s.kv_lora + s.rope, s.hidden)
-        out[f"{a}.kv_a_layernorm.weight"] = norm(s.kv_lora)
-        out[f"{a}.kv_b_proj.weight"] = w(s.heads * (s.nope + s.v), s.kv_lora)
-        out[f"{a}.o_proj.weight"] = w(s.hidden, s.heads * s.v)
-        if i == 0:
-            m = f"{p}.mlp"
-            out[f"{m}.gate_proj.weight"] = w(s.intermediate, s.hidden)
-            out[f"{m}.up_proj.weight"] = w(s.intermediate, s.hidden)
-            out[f"{m}.down_proj.weight"] = w(s.hidden, s.intermediate)
-            continue
+        w(f"{a}.q_a_proj.weight", s.q_lora, s.hidden)
+        norm(f"{a}.q_a_layernorm.weight", s.q_lora)
+        w(f"{a}.q_b_proj.weight", s.heads * (s.nope + s.rope), s.q_lora)
+        w(f"{a}.kv_a_proj_with_mqa.weight", s.kv_lora + s.rope, s.hidden)
+        norm(f"{a}.kv_a_layernorm.weight", s.kv_lora)
+        w(f"{a}.kv_b_proj.weight", s.heads * (s.nope + s.v), s.kv_lora)
+        w(f"{a}.o_proj.weight", s.hidden, s.heads * s.v)
         m = f"{p}.mlp"
-        out[f"{m}.gate.weight"] = w(s.experts, s.hidden)
-        out[f"{m}.gate.e_score_correction_bias"] = 0.05 * torch.randn(s.experts, generator=g)
+        if i == 0:
+            w(f"{m}.gate_proj.weight", s.intermediate, s.hidden)
+            w(f"{m}.up_proj.weight", s.intermediate, s.hidden)
+            w(f"{m}.down_proj.weight", s.hidden, s.intermediate)
+            continue
+        w(f"{m}.gate.weight", s.experts, s.hidden)
+        plan.append((f"{m}.gate.e_score_correction_bias", (s.experts,), "bias", 0.05))
         for e in range(s.experts):
-            out[f"{m}.experts.{e}.gate_proj.weight"] = w(s.moe_intermediate, s.hidden)
-            out[f"{m}.experts.{e}.up_proj.weight"] = w(s.moe_intermediate, s.hidden)
-            out[f"{m}.experts.{e}.down_proj.weight"] = w(s.hidden, s.moe_intermediate, std=0.5 * s.moe_intermediate**-0.5)
-        out[f"{m}.shared_experts.gate_proj.weight"] = w(s.moe_intermediate, s.hidden)
-        out[f"{m}.shared_experts.up_proj.weight"] = w(s.moe_intermediate, s.hidden)
-        out[f"{m}.shared_experts.down_proj.weight"] = w(s.hidden, s.moe_intermediate)
-    out["model.norm.weight"] = norm(s.hidden)
-    out["lm_head.weight"] = w(vocab, s.hidden)
-    return out
+            w(f"{m}.experts.{e}.gate_proj.weight", s.moe_intermediate, s.hidden)
+            w(f"{m}.experts.{e}.up_proj.weight", s.moe_intermediate, s.hidden)
+            w(f"{m}.experts.{e}.down_proj.weight", s.hidden, s.moe_intermediate, std=0.5 * s.moe_intermediate**-0.5)
+        w(f"{m}.shared_experts.gate_proj.weight", s.moe_intermediate, s.hidden)
+        w(f"{m}.shared_experts.up_proj.weight", s.moe_intermediate, s.hidden)
+        w(f"{m}.shared_experts.down_proj.weight", s.hidden, s.moe_intermediate)
+    norm("model.norm.weight", s.hidden)
+    w("lm_head.weight", vocab, s.hidden)
+    return plan
+
+
+def _draw(shape: tuple[int, ...], kind: str, std: float, g: torch.Generator) -> torch.Tensor:
+    x = torch.randn(*shape, generator=g, device=g.device)
+    return 1.0 + std * x if kind == "norm" else std * x
+
+
+def random_state(spec: TinySpec, vocab: int, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Float32 weights with the HF names (whole model in memory: for small specs and tests)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return {name: _draw(shape, kind, std, g) for name, shape, kind, std in weight_plan(spec, vocab)}
 
 
 def quantize_state(
@@ -205,7 +230,7 @@ def quantize_state(
 
 
 def save_sharded(state: dict[str, torch.Tensor], out: Path, shards: int) -> None:
-    """Write `model-0000i-of-0000n.safetensors` files plus model.safetensors.index.json."""
+    """Write an in-memory state as `model-0000i-of-0000n.safetensors` files plus the index (tests use this)."""
     from safetensors.torch import save_file
 
     names = list(state)
@@ -225,8 +250,52 @@ def save_sharded(state: dict[str, torch.Tensor], out: Path, shards: int) -> None
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+def _shard_groups(plan: list, shards: int) -> list[list]:
+    """Split the plan into `shards` contiguous groups of whole layers (embeddings go first, head last)."""
+    layer_of = [int(n.split(".")[2]) if n.startswith("model.layers.") else None for n, *_ in plan]
+    last = max((x for x in layer_of if x is not None), default=0)
+    layer_of = [(0 if n.startswith("model.embed") else last) if x is None else x for x, (n, *_) in zip(layer_of, plan, strict=True)]
+    per = -(-(last + 1) // max(1, shards))
+    groups: list[list] = [[] for _ in range(-(-(last + 1) // per))]
+    for item, layer in zip(plan, layer_of, strict=True):
+        groups[layer // per].append(item)
+    return groups
+
+
+def save_streaming(plan: list, out: Path, shards: int, *, seed: int, device: str, quantized, log=None) -> None:
+    """Draw, quantise (where `quantized(module)`) and write one shard at a time, plus the index.
+
+    Each shard has its own generator (seeded from `seed` and the shard number), so a shard's values
+    do not depend on the device memory or the order other shards were written in.
+    """
+    from safetensors.torch import save_file
+
+    groups = _shard_groups(plan, shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, group in enumerate(groups):
+        g = torch.Generator(device=device).manual_seed(seed * 1000 + i)
+        state: dict[str, torch.Tensor] = {}
+        for name, shape, kind, std in group:
+            t = _draw(shape, kind, std, g)
+            state.update({k: v.cpu() for k, v in quantize_state({name: t}, quantized).items()})
+        state = {k: (v.to(torch.bfloat16) if v.is_floating_point() and "e_score_correction_bias" not in k else v)
+                 for k, v in state.items()}
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file(state, str(out / fname), metadata={"format": "pt"})
+        for n, v in state.items():
+            weight_map[n] = fname
+            total += v.numel() * v.element_size()
+        if log:
+            log(f"wrote {fname}: {len(state)} tensors, {sum(v.numel() * v.element_size() for v in state.values()) / 1e9:.2f} GB")
+        del state
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
 def write_tiny_checkpoint(
-    out_dir: str | Path, *, quant: str = "mxfp4", seed: int = 0, spec: TinySpec | None = None
+    out_dir: str | Path, *, quant: str = "mxfp4", seed: int = 0, spec: TinySpec | None = None,
+    device: str = "cpu", log=None,
 ) -> Path:
     from k2bench.engine.config import parse_config
 
@@ -236,16 +305,11 @@ def write_tiny_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(spec.vocab)
-    vocab = tok.get_vocab_size()
+    vocab = max(tok.get_vocab_size(), spec.model_vocab or 0)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = _config(spec, vocab, ids, quant)
-    state = random_state(spec, vocab, seed)
-    if quant == "mxfp4":
-        qc = parse_config(cfg).quant
-        state = quantize_state(state, qc.is_quantized)
-    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() and "e_score_correction_bias" not in k else v)
-             for k, v in state.items()}
-    save_sharded(state, out, spec.shards)
+    quantized = parse_config(cfg).quant.is_quantized if quant == "mxfp4" else (lambda module: False)
+    save_streaming(weight_plan(spec, vocab), out, spec.shards, seed=seed, device=device, quantized=quantized, log=log)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": ids["<|bos|>"], "eos_token_id": ids["<|eos|>"], "pad_token_id": ids["<|pad|>"]}, indent=2)

@@ -21,7 +21,12 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, metavar="DIR", help="output folder (created; files are overwritten)")
     t.add_argument("--quant", choices=("mxfp4", "bf16"), default="mxfp4", help="weight format (default mxfp4)")
     t.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
-    t.add_argument("--layers", type=int, default=None, help="decoder layers, the first dense (default 4)")
+    t.add_argument("--layers", type=int, default=None, help="decoder layers, the first dense (default: the preset's, 4)")
+    t.add_argument("--preset", default="tiny", choices=("tiny", "kimi-k2-width"),
+                   help="tiny (CPU tests) or kimi-k2-width (Kimi-K2.5's full layer shapes: hidden 7168, "
+                   "64 heads, 384 experts of 2048, top 8, vocab 163840; about 8.7 GB per MoE layer in MXFP4)")
+    t.add_argument("--device", default="cpu", help="where weights are drawn and quantised (cuda is much faster "
+                   "for kimi-k2-width)")
     t.set_defaults(handler=run_tiny)
     p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
 
@@ -32,12 +37,26 @@ def run_tiny(args: argparse.Namespace) -> int:
     if args.layers is not None and args.layers < 1:
         raise UserError(f"--layers must be at least 1, not {args.layers}")
     try:
-        from k2bench.engine.tiny import TinySpec, write_tiny_checkpoint
+        from k2bench.engine.tiny import write_tiny_checkpoint
     except ImportError as exc:
         raise UserError(f"the bundled engine needs its extra: pip install 'k2bench[engine]' ({exc})") from exc
-    spec = TinySpec() if args.layers is None else TinySpec(layers=args.layers)
+    from dataclasses import replace
+
+    from k2bench.engine.tiny import PRESETS
+
+    import torch
+
     try:
-        out = write_tiny_checkpoint(args.out, quant=args.quant, seed=args.seed, spec=spec)
+        if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: no CUDA device is visible here")
+    except RuntimeError as exc:
+        raise UserError(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from exc
+    spec = PRESETS[args.preset]
+    if args.layers is not None:
+        spec = replace(spec, layers=args.layers)
+    try:
+        out = write_tiny_checkpoint(args.out, quant=args.quant, seed=args.seed, spec=spec, device=args.device,
+                                    log=lambda msg: print(msg, flush=True) if args.preset != "tiny" else None)
     except OSError as exc:
         raise UserError(f"cannot write {args.out}: {exc}") from exc
     print(f"wrote tiny {args.quant} checkpoint to {out}")
