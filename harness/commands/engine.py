@@ -42,9 +42,8 @@ def run_tiny(args: argparse.Namespace) -> int:
         raise UserError(f"the bundled engine needs its extra: pip install 'k2bench[engine]' ({exc})") from exc
     from dataclasses import replace
 
-    from k2bench.engine.tiny import PRESETS
-
     import torch
+    from k2bench.engine.tiny import PRESETS
 
     try:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
