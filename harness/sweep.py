@@ -65,6 +65,19 @@ def _check_levels(levels: list[int], spec: str) -> list[int]:
     return levels
 
 
+def parse_count(text: str | None, flag: str) -> tuple[int | None, float | None]:
+    """'40' -> (40, None): that many per level; '2x' -> (None, 2.0): twice each level's concurrency."""
+    if text is None:
+        return None, None
+    t = text.strip().lower()
+    try:
+        if t.endswith("x"):
+            return None, float(t[:-1])
+        return int(t), None
+    except ValueError:
+        raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}") from None
+
+
 def parse_tags(items: list[str] | None) -> dict[str, str]:
     tags: dict[str, str] = {}
     for item in items or []:
@@ -127,6 +140,8 @@ class SweepConfig:
     tp: int = 1
     num_prompts: int | None = None  # per level; default 10 x concurrency
     warmup: int | None = None  # per level; default 2 x concurrency
+    num_prompts_x: float | None = None  # per level as a multiple of the concurrency ("--num-prompts 1x")
+    warmup_x: float | None = None  # likewise for --warmup
     trials: int = 1
     db: str | None = None
     json_path: str | None = None
@@ -144,10 +159,14 @@ class SweepConfig:
     notes: str | None = None
 
     def prompts_for(self, conc: int) -> int:
-        return self.num_prompts if self.num_prompts is not None else 10 * conc
+        if self.num_prompts is not None:
+            return self.num_prompts
+        return max(1, round((10 if self.num_prompts_x is None else self.num_prompts_x) * conc))
 
     def warmup_for(self, conc: int) -> int:
-        return self.warmup if self.warmup is not None else 2 * conc
+        if self.warmup is not None:
+            return self.warmup
+        return round((2 if self.warmup_x is None else self.warmup_x) * conc)
 
     def validate(self) -> None:
         if self.url and self.engine:
@@ -161,6 +180,10 @@ class SweepConfig:
             raise UserError("--num-prompts must be at least 1")
         if self.warmup is not None and self.warmup < 0:
             raise UserError("--warmup must be 0 or more")
+        if self.num_prompts_x is not None and self.num_prompts_x <= 0:
+            raise UserError("--num-prompts as a multiple of the concurrency must be positive (e.g. 1x)")
+        if self.warmup_x is not None and self.warmup_x < 0:
+            raise UserError("--warmup as a multiple of the concurrency must be 0 or more (e.g. 0.5x)")
         if self.timeout_s <= 0:
             raise UserError("--timeout must be positive")
         if not self.levels:

@@ -37,8 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--osl", type=int, help="output tokens per request (overrides the workload)")
     load.add_argument("--conc", default="4..128",
                       help="levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (default 4..128)")
-    load.add_argument("--num-prompts", type=int, default=None, help="measured requests per level (default 10 x conc)")
-    load.add_argument("--warmup", type=int, default=None, help="warmup requests per level (default 2 x conc)")
+    load.add_argument("--num-prompts", default=None, metavar="N|Kx",
+                      help="measured requests per level: a count, or Kx for K x the level's concurrency (default 10x)")
+    load.add_argument("--warmup", default=None, metavar="N|Kx",
+                      help="warmup requests per level: a count, or Kx (default 2x)")
     load.add_argument("--trials", type=int, default=1, help="repeat each level K times (stored as trial 0..K-1)")
     load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout (default 1800)")
     rec = p.add_argument_group("recording")
@@ -55,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from k2bench.harness.sweep import SweepConfig, parse_concurrency, parse_tags
+    from k2bench.harness.sweep import SweepConfig, parse_concurrency, parse_count, parse_tags
     from k2bench.workloads import loader
 
     for name in ("isl", "osl"):
@@ -64,10 +66,12 @@ def _config(args: argparse.Namespace):
             from k2bench.harness.errors import UserError
 
             raise UserError(f"--{name} must be at least 1")
+    num_prompts, num_prompts_x = parse_count(args.num_prompts, "--num-prompts")
+    warmup, warmup_x = parse_count(args.warmup, "--warmup")
     return SweepConfig(
         levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
-        url=args.url, engine=args.engine, model=args.model, tp=args.tp, num_prompts=args.num_prompts,
-        warmup=args.warmup, trials=args.trials, db=args.db, json_path=args.json_path, commit=args.commit,
+        url=args.url, engine=args.engine, model=args.model, tp=args.tp, num_prompts=num_prompts,
+        num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x, trials=args.trials, db=args.db, json_path=args.json_path, commit=args.commit,
         branch=args.branch, tags=parse_tags(args.tag), gpus=args.gpus, timeout_s=args.timeout,
         server_args=args.server_args, precision=args.precision, hardware=args.hardware,
         ready_timeout_s=args.ready_timeout, notes=args.notes,

@@ -56,3 +56,26 @@ def test_cli_rejects_bad_conc_with_one_line_and_nonzero_exit(capsys, tmp_path) -
     assert code == 2
     assert len(err.splitlines()) == 1
     assert "powers of two" in err and "Traceback" not in err
+
+
+def test_counts_per_level_as_numbers_or_multiples_of_concurrency() -> None:
+    from k2bench.harness.sweep import SweepConfig, parse_count
+    from k2bench.workloads.loader import resolve
+
+    w = resolve(None, 64, 8)
+    assert parse_count("40", "--num-prompts") == (40, None)
+    assert parse_count("1x", "--num-prompts") == (None, 1.0)
+    default = SweepConfig(levels=[4, 128], workload=w)
+    assert [default.prompts_for(c) for c in (4, 128)] == [40, 1280]  # InferenceX: 10 x conc
+    assert [default.warmup_for(c) for c in (4, 128)] == [8, 256]  # and 2 x conc
+    scaled = SweepConfig(levels=[4, 128], workload=w, num_prompts_x=1.0, warmup_x=0.5)
+    assert [scaled.prompts_for(c) for c in (4, 128)] == [4, 128]
+    assert [scaled.warmup_for(c) for c in (4, 128)] == [2, 64]
+    assert SweepConfig(levels=[4], workload=w, num_prompts=7).prompts_for(4) == 7
+
+
+@pytest.mark.parametrize("flag,value", [("--num-prompts", "abc"), ("--num-prompts", "0x"), ("--warmup", "-1x")])
+def test_bad_counts_rejected(flag: str, value: str, capsys) -> None:
+    assert main(["sweep", "--url", "http://127.0.0.1:9", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("k2bench: error:") and flag in err
