@@ -76,6 +76,6 @@ def test_counts_per_level_as_numbers_or_multiples_of_concurrency() -> None:
 
 @pytest.mark.parametrize("flag,value", [("--num-prompts", "abc"), ("--num-prompts", "0x"), ("--warmup", "-1x")])
 def test_bad_counts_rejected(flag: str, value: str, capsys) -> None:
-    assert main(["sweep", "--url", "http://127.0.0.1:9", flag, value]) == 2
+    assert main(["sweep", "--url", "http://127.0.0.1:9", f"{flag}={value}"]) == 2
     err = capsys.readouterr().err
     assert err.strip().startswith("k2bench: error:") and flag in err
