@@ -204,8 +204,9 @@ class AsyncEngine:
                     updated = eng.step()
                 except Exception as exc:
                     log.exception("engine step failed")
-                    self.fatal = f"engine step failed: {exc}"
-                    events.extend(self._fail_all(str(exc)))
+                    if eng.comm is not None:  # tensor-parallel ranks may now be out of step: stop serving
+                        self.fatal = f"engine step failed: {exc}"
+                    events.extend(self._fail_all(f"engine step failed: {exc}"))
                     updated = []
                 for seq in updated:
                     events.append((seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)))

@@ -19,7 +19,7 @@ def _noise(seqs: list[Sequence], shape: tuple[int, int], device: torch.device) -
     for i in seeded:
         seq = seqs[i]
         if seq.generator is None:
-            seq.generator = torch.Generator(device=device).manual_seed(int(seq.params.seed))
+            seq.generator = torch.Generator(device=device).manual_seed(int(seq.params.seed) % (1 << 64))
         q[i].exponential_(generator=seq.generator)
     return q
 

@@ -29,7 +29,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        return self.temperature < 1e-5 or self.top_k == 1  # tinier temperatures overflow the logits
 
 
 _ids = itertools.count()
