@@ -161,18 +161,24 @@ def test_bad_requests_are_openai_400s(server):
     assert c.models.list().data[0].id == "tiny"  # still alive after all that
 
 
-def test_client_disconnect_frees_kv_blocks(server):
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_frees_kv_blocks(server, stream):
     import http.client
 
     before = server.metrics()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    body = json.dumps({"model": "tiny", "prompt": PROMPT_IDS, "max_tokens": 900, "stream": True, "ignore_eos": True})
+    body = json.dumps({"model": "tiny", "prompt": PROMPT_IDS, "max_tokens": 900, "stream": stream, "ignore_eos": True})
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    resp.read1(200)  # the stream has started: the request holds KV blocks now
+    if stream:
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.read1(200)  # the stream has started: the request holds KV blocks now
+    else:
+        deadline = time.monotonic() + 10
+        while server.metrics()["k2bench_num_requests_running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert server.metrics()["k2bench_kv_cache_usage_perc"] > 0
-    conn.sock.close()
+    conn.sock.shutdown(2)
     conn.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
