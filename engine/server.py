@@ -288,7 +288,7 @@ class _Stream:
 async def serve(engine: LLMEngine, tokenizer: Tokenizer | None, *, host: str, port: int, served_name: str,
                 api_key: str | None = None, ready_message: bool = True) -> None:
     srv = OpenAIServer(engine, tokenizer, served_name, api_key)
-    runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -33,6 +33,8 @@ class Tokenizer:
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.vocab_size = self._tok.get_vocab_size()
         template = conf.get("chat_template")
+        if not template and (model_dir / "chat_template.jinja").is_file():  # newer HF layout
+            template = (model_dir / "chat_template.jinja").read_text()
         if isinstance(template, list):  # [{"name": "default", "template": "..."}]
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default") or next(iter(named.values()), None)
