@@ -354,14 +354,16 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                         events.level_done(point)
         status = "complete"
     finally:
-        if run_id is not None:
-            if status != "complete":
-                status = "partial" if points else "failed"
-            store.finish_run(run_id, status)
-            if cfg.json_path:
-                from k2bench.harness import runjson
+        try:
+            if run_id is not None:
+                if status != "complete":
+                    status = "partial" if points else "failed"
+                store.finish_run(run_id, status)
+                if cfg.json_path:
+                    from k2bench.harness import runjson
 
-                runjson.write_doc(store.export_run(run_id), cfg.json_path)
-        store.close()
+                    runjson.write_doc(store.export_run(run_id), cfg.json_path)
+        finally:  # a failed finish or JSON write must not leave the database open
+            store.close()
     return SweepResult(run_id=run_id, status=status, points=points, meta=meta)
 

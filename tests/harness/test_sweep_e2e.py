@@ -12,6 +12,7 @@ import pytest
 from conftest import free_port
 from k2bench.harness import launch
 from k2bench.harness.cli import main
+from k2bench.harness.errors import UserError
 from k2bench.harness.store import Store
 from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
 from k2bench.workloads.loader import Workload
@@ -84,6 +85,26 @@ def test_interrupted_sweep_keeps_finished_levels_as_partial(tmp_path) -> None:
     assert doc["run"]["status"] == "partial" and [p["concurrency"] for p in doc["points"]] == [1]
     with Store.open(db, readonly=True) as store:
         assert store.list_runs()[0]["status"] == "partial"
+
+
+def test_unwritable_json_is_a_user_error_and_the_store_is_still_closed(tmp_path, monkeypatch) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    closed: list[Store] = []
+    real_close = Store.close
+
+    def close(self) -> None:
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(Store, "close", close)
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "1") as url:
+        cfg = SweepConfig(levels=[1], workload=Workload(name="w", isl=8, osl=4), url=url, num_prompts=2,
+                          warmup=0, db=db, json_path=str(tmp_path))  # a folder: the JSON write fails
+        with pytest.raises(UserError, match="cannot write"):
+            run_sweep(cfg)
+    assert len(closed) == 1
+    with Store.open(db, readonly=True) as store:
+        assert store.list_runs()[0]["status"] == "complete"
 
 
 def test_server_returning_400s_fails_with_its_message(tmp_path, capsys) -> None:
