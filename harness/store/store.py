@@ -90,10 +90,12 @@ class Store(FramesMixin):
                 db.migrate(write_engine)
             else:
                 db.check_schema(read_engine)
-        except SQLAlchemyError as exc:
+        except BaseException as exc:  # a schema from a newer k2bench (UserError) too: no engine left open
             for e in {read_engine, write_engine} - {None}:
                 e.dispose()
-            raise UserError(f"cannot open database {db.safe_url(parsed)}: {db.first_line(exc)}") from None
+            if isinstance(exc, SQLAlchemyError):
+                raise UserError(f"cannot open database {db.safe_url(parsed)}: {db.first_line(exc)}") from None
+            raise
         return cls(url, read_engine, write_engine)
 
     def close(self) -> None:

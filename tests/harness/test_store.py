@@ -333,6 +333,23 @@ def test_newer_schema_is_a_clear_error(tmp_path):
         Store.open(url, readonly=True)
 
 
+def test_refused_open_disposes_its_engines(tmp_path, monkeypatch):
+    from sqlalchemy.engine import Engine
+
+    url = f"sqlite:///{tmp_path / 'future.db'}"
+    Store.open(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    disposed: list[Engine] = []
+    real_dispose = Engine.dispose
+    monkeypatch.setattr(Engine, "dispose", lambda self, *a, **k: (disposed.append(self), real_dispose(self, *a, **k)))
+    with pytest.raises(UserError, match="newer k2bench"):
+        Store.open(url)  # file SQLite: a read and a write engine, both must be let go
+    assert len(set(disposed)) == 2
+
+
 @pytest.mark.parametrize("stamps", [
     [],
     [5],
