@@ -156,6 +156,13 @@ def _prune(x: np.ndarray, points: list[int], window: int, pvalue: float) -> list
     return points
 
 
+def default_metrics() -> tuple[str, ...]:
+    """The metrics scanned when none are named: the ones the regression gate judges."""
+    from k2bench.harness.analysis.regress import METRICS
+
+    return tuple(m.column for m in METRICS)
+
+
 def history_change_points(points, metrics: tuple[str, ...] | None = None, window: int = DEFAULT_WINDOW,
                           pvalue: float = DEFAULT_PVALUE, min_size: int = DEFAULT_MIN_SIZE) -> list[dict]:
     """Change points of every metric and concurrency in a points_frame-shaped history.
@@ -166,9 +173,12 @@ def history_change_points(points, metrics: tuple[str, ...] | None = None, window
     """
     from datetime import datetime, timezone
 
-    from k2bench.harness.analysis.regress import METRICS
-
-    cols = [c for c in (metrics or tuple(m.column for m in METRICS)) if c in points.columns]
+    if metrics:
+        unknown = [c for c in metrics if c not in points.columns]
+        if unknown:
+            raise ValueError(f"no metric column {', '.join(map(repr, unknown))} in the history "
+                             f"(e.g. {', '.join(default_metrics())})")
+    cols = [c for c in (metrics or default_metrics()) if c in points.columns]
     if len(points) == 0 or not cols:
         return []
     runs = (points.groupby(["run_id", "concurrency"], as_index=False)

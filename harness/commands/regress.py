@@ -156,7 +156,6 @@ def _changepoints(args) -> int:
         print(f"no usable runs on branch {args.branch!r}; nothing to scan")
         return 0
     metrics = tuple(args.metric) if args.metric else None
-    total = 0
     for fp in fps:
         ids = [r["id"] for r in runs if r.get("fingerprint") == fp]
         pts = store.points_frame(run_ids=ids)
@@ -166,11 +165,24 @@ def _changepoints(args) -> int:
             raise UserError(str(exc)) from None
         if not args.no_store:
             writer = writer or _open(args.db)
-            writer.replace_change_points(fp, args.branch, rows)
+            kept = _unscanned_change_points(writer, fp, args.branch, metrics or cp.default_metrics())
+            writer.replace_change_points(fp, args.branch, kept + rows)
         print(f"fingerprint {fp}: {len(ids)} run(s), {len(rows)} change point(s)")
         for r in sorted(rows, key=lambda r: (r["metric"], r["concurrency"], r["run_id"])):
             print(f"  {r['metric']:<22} conc {r['concurrency']:<5} run #{r['run_id']:<6} "
                   f"{str(r['commit'] or '')[:10]:<10} {r['mean_before']:>12.4g} -> {r['mean_after']:<12.4g} "
                   f"{100 * r['rel_change']:+6.1f}%  p={r['p_value']:.2g}")
-        total += len(rows)
     return 0
+
+
+def _unscanned_change_points(store, fingerprint: str, branch: str, scanned) -> list[dict]:
+    """Stored change points of the metrics this scan did not look at.
+
+    replace_change_points replaces a whole (fingerprint, branch) series, so a scan of one metric
+    (--metric) must hand the other metrics' change points back or it would delete them."""
+    old = store.change_points_frame(fingerprint=fingerprint, branch=branch)
+    old = old[~old["metric"].isin(scanned)]
+    fields = ["metric", "concurrency", "run_id", "commit", "detected_at", "mean_before", "mean_after",
+              "rel_change", "p_value"]
+    old = old[fields].astype(object)
+    return old.where(old.notna(), None).to_dict("records")

@@ -125,6 +125,27 @@ def test_changepoints_command_lists_and_stores(tmp_path, capsys):
     assert main(["changepoints", "--branch", "main", "--fingerprint", "nope", "--db", url]) == 2
 
 
+def test_changepoints_of_one_metric_keep_the_other_metrics_stored(tmp_path, capsys):
+    url, fx = _db(tmp_path, "step60")
+    store = Store.open(url)
+    fp = store.list_runs()[0]["fingerprint"]
+    other = {"metric": "ttft_ms_p99", "concurrency": 4, "run_id": 3, "commit": "abc", "detected_at": None,
+             "mean_before": 100.0, "mean_after": 130.0, "rel_change": 0.3, "p_value": 1e-5}
+    store.replace_change_points(fp, "main", [other])
+    store.close()
+    assert main(["changepoints", "--branch", "main", "--metric", "tput_per_gpu", "--db", url]) == 0
+    frame = Store.open(url, readonly=True).change_points_frame(fingerprint=fp, branch="main")
+    assert sorted(frame["metric"]) == ["tput_per_gpu"] * 5 + ["ttft_ms_p99"]
+    kept = frame[frame["metric"] == "ttft_ms_p99"].iloc[0]
+    assert (kept["concurrency"], kept["run_id"], kept["commit"], kept["rel_change"]) == (4, 3, "abc", 0.3)
+
+
+def test_changepoints_of_an_unknown_metric_is_a_user_error(tmp_path, capsys):
+    url, _ = _db(tmp_path, "step60")
+    assert main(["changepoints", "--branch", "main", "--metric", "tput_per_gpux", "--db", url]) == 2
+    assert "tput_per_gpux" in capsys.readouterr().err
+
+
 def test_threshold_parsing():
     from k2bench.harness.commands.regress import parse_thresholds
 
