@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_regress)
 
     c = sub.add_parser("changepoints", help="change points in each metric's history on a branch",
-                       description="E-divisive means with a Welch t-test check (see k2bench.harness.analysis."
+                       description="E-divisive means with a pooled-variance t-test check (see k2bench.harness.analysis."
                                    "changepoints); stores them for the dashboard.")
     c.add_argument("--branch", default="main")
     c.add_argument("--fingerprint", default=None, help="one configuration (default: every one on the branch)")
