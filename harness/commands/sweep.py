@@ -79,26 +79,8 @@ def _config(args: argparse.Namespace):
     )
 
 
-def _fmt(v, spec: str = ".1f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def results_table(points: list[dict], title: str):
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("conc", "trial", "tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
-                "E2EL p50 ms", "done", "failed", "OSL mismatch"):
-        t.add_column(col, justify="right")
-    for p in points:
-        t.add_row(str(p["concurrency"]), str(p.get("trial", 0)), _fmt(p["tput_per_gpu"]),
-                  _fmt(p["interactivity"]["median"]), _fmt(p["ttft_ms"]["median"]), _fmt(p["ttft_ms"]["p99"]),
-                  _fmt(p["tpot_ms"]["median"], ".2f"), _fmt(p["e2el_ms"]["median"]), str(p["completed"]),
-                  str(p["failed"]), str(p.get("osl_mismatches") or 0))
-    return t
-
-
 def _sweep(args: argparse.Namespace) -> int:
+    from k2bench.harness.commands.runs import points_table
     from k2bench.harness.sweep import LevelEvents, run_sweep
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -129,7 +111,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out = Console()
     if not out.is_terminal:
         out = Console(width=160)  # a log or pipe: do not squeeze the table to 80 columns
-    out.print(results_table(result.points, title))
+    out.print(points_table(result.points, title))
     if cfg.json_path:
         console.print(f"wrote {cfg.json_path}")
     bad = sum(p["failed"] for p in result.points)
