@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from k2bench.harness.metrics import LATENCY_METRICS, STAT_KEYS, request_metrics
+from k2bench.harness.metrics import request_metrics
 from k2bench.harness.store.codec import decode_deltas
-from k2bench.harness.store.models import INTERACTIVITY_COLUMNS, ChangePoint, Point, Request, Run, stat_column
+from k2bench.harness.store.models import INTERACTIVITY_COLUMNS, STAT_COLUMNS, ChangePoint, Point, Request, Run
 from sqlalchemy import select
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ RUN_COLUMNS = ("commit", "branch", "engine", "engine_version", "model", "precisi
                "workload", "isl", "osl", "fingerprint", "started_at", "status")
 POINT_COLUMNS = ("concurrency", "trial", "num_prompts", "completed", "failed", "osl_mismatches", "duration_s",
                  "input_tokens", "output_tokens", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu",
-                 *INTERACTIVITY_COLUMNS, *(stat_column(m, s) for m in LATENCY_METRICS for s in STAT_KEYS))
+                 *INTERACTIVITY_COLUMNS, *STAT_COLUMNS)
 REQUEST_COLUMNS = ("concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
                    "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch")
 CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "concurrency", "run_id", "commit", "detected_at",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from k2bench.harness.metrics import LATENCY_METRICS, STAT_KEYS
+from k2bench.harness.metrics import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -33,7 +33,7 @@ def stat_column(metric: str, stat: str) -> str:
 
 
 STAT_COLUMNS = [stat_column(m, s) for m in LATENCY_METRICS for s in STAT_KEYS]
-INTERACTIVITY_COLUMNS = ["interactivity_median", "interactivity_p90", "interactivity_p99"]
+INTERACTIVITY_COLUMNS = [f"interactivity_{k}" for k in INTERACTIVITY_KEYS]
 
 
 class Base(DeclarativeBase):

@@ -169,7 +169,7 @@ class Store(FramesMixin):
     @staticmethod
     def _insert_point(s: Session, run_id: int, p: dict) -> int:
         values = {k: p[k] for k in _POINT_SCALARS}
-        for key, col in zip(("median", "p90", "p99"), INTERACTIVITY_COLUMNS, strict=True):
+        for key, col in zip(runjson.INTERACTIVITY_KEYS, INTERACTIVITY_COLUMNS, strict=True):
             values[col] = p["interactivity"][key]
         for metric in runjson.LATENCY_METRICS:
             for stat, v in p[metric].items():
@@ -334,7 +334,7 @@ def _point_dict(p: Point) -> dict:
     out = {k: getattr(p, k) for k in _POINT_SCALARS}
     if out["extra"] is None:  # optional free-form field: absent unless used
         del out["extra"]
-    out["interactivity"] = {k: getattr(p, c) for k, c in zip(("median", "p90", "p99"), INTERACTIVITY_COLUMNS, strict=True)}
+    out["interactivity"] = {k: getattr(p, c) for k, c in zip(runjson.INTERACTIVITY_KEYS, INTERACTIVITY_COLUMNS, strict=True)}
     for metric in runjson.LATENCY_METRICS:
         out[metric] = {stat: getattr(p, stat_column(metric, stat)) for stat in runjson.STAT_KEYS}
     return out
