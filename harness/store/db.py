@@ -106,22 +106,21 @@ def first_line(exc: BaseException) -> str:
     return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
-def _alembic_config(connection: Connection):
+def _alembic_config(connection: Connection | None = None):
+    """Alembic's configuration: our migrations folder, and the connection env.py should use."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.attributes["connection"] = connection
+    if connection is not None:
+        cfg.attributes["connection"] = connection
     return cfg
 
 
 def _scripts():
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg)
+    return ScriptDirectory.from_config(_alembic_config())
 
 
 def head_revision() -> str:
