@@ -150,10 +150,13 @@ def ttft_histogram(requests: pd.DataFrame) -> go.Figure:
 
 def itl_cdf(itl_ms: np.ndarray) -> go.Figure:
     xs = np.sort(np.asarray(itl_ms, dtype=float))
-    if len(xs) > 5000:  # the curve's shape needs no more than a few thousand steps
-        xs = xs[np.linspace(0, len(xs) - 1, 5000).astype(int)]
-    ys = np.linspace(0, 1, len(xs), endpoint=True) if len(xs) else xs
-    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="ITL CDF", line_shape="hv"))
+    n = len(xs)
+    idx = np.arange(n)
+    if n > 5000:  # the curve's shape needs no more than a few thousand steps
+        idx = np.linspace(0, n - 1, 5000).astype(int)
+    # the empirical CDF: the (i+1)-th smallest gap has (i+1)/n of the gaps at or below it
+    fig = go.Figure(go.Scatter(x=xs[idx], y=(idx + 1) / max(n, 1), mode="lines", name="ITL CDF",
+                               line_shape="hv"))
     return _layout(fig, "Inter-token latency CDF", "ITL (ms)", "fraction of gaps ≤ x")
 
 

@@ -85,3 +85,14 @@ def test_dashboard_store_is_read_only(tmp_path):
             store.create_run({"engine": "x", "model": "m", "num_gpus": 1})
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("n", [1, 4, 12_001])
+def test_itl_cdf_is_the_fraction_of_gaps_at_or_below_x(n):
+    from k2bench.dashboard.charts import itl_cdf
+
+    gaps = np.random.default_rng(n).permutation(np.arange(1, n + 1)) * 0.5  # distinct gaps, shuffled
+    trace = itl_cdf(gaps).data[0]
+    xs, ys = np.asarray(trace.x, dtype=float), np.asarray(trace.y, dtype=float)
+    assert len(xs) == min(n, 5000) and xs[-1] == gaps.max()
+    assert np.allclose(ys, [(gaps <= x).mean() for x in xs])
