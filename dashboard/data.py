@@ -167,8 +167,7 @@ def latest_run_per_config(df: pd.DataFrame) -> pd.DataFrame:
     """Levels of the most recent run of each configuration (the default frontier view)."""
     if df.empty:
         return df
-    runs = df[["config", "run_id", "started_at"]].drop_duplicates("run_id")
-    latest = runs.sort_values(["started_at", "run_id"]).groupby("config").tail(1)["run_id"]
+    latest = latest_run_ids(df[["config", "run_id", "started_at"]].drop_duplicates("run_id"))
     return per_run_levels(df[df["run_id"].isin(latest)])
 
 
