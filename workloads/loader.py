@@ -16,6 +16,7 @@ uniformly from [floor(L x ratio), L]; 1.0 means exact lengths.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -193,15 +194,22 @@ def token_prompts(w: Workload, n: int, vocab: Vocabulary | None = None, seed: in
 
 
 # ---------------------------------------------------------------------------------- text mode
-async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    async with session.post(url, json=body) as resp:
-        if resp.status == 404:
-            raise UserError(f"text-mode workloads need the server's /tokenize and /detokenize; {url} answered 404 "
-                            f"(use the default token-id mode)")
-        text = await resp.text()
-        if resp.status != 200:
-            raise ServerError(f"{url} answered HTTP {resp.status}: {text[:300]}")
-        return json.loads(text)
+async def _post(session: aiohttp.ClientSession, url: str, body: dict, key: str):
+    """POST body to url and return field ``key`` of the JSON answer; any unusable answer is a ServerError."""
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status == 404:
+                raise UserError(f"text-mode workloads need the server's /tokenize and /detokenize; {url} answered "
+                                f"404 (use the default token-id mode)")
+            text = await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ServerError(f"{url}: no usable answer ({exc.__class__.__name__}: {exc})") from None
+    if resp.status != 200:
+        raise ServerError(f"{url} answered HTTP {resp.status}: {text[:300]}")
+    try:
+        return json.loads(text)[key]
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise ServerError(f"{url} did not answer a JSON object with {key!r}: {text[:200]}") from None
 
 
 async def _text_prompts(base_url: str, model: str, token_sets: list[Prompt]) -> list[Prompt]:
@@ -212,9 +220,9 @@ async def _text_prompts(base_url: str, model: str, token_sets: list[Prompt]) -> 
             ids = np.asarray(p.token_ids if p.token_ids is not None else [], dtype=np.int64).tolist()
             text, count = "", -1
             for _ in range(4):  # decode, re-encode, trim: converges in one or two rounds
-                text = (await _post(session, root + "/detokenize", {"model": model, "tokens": ids}))["prompt"]
-                got = (await _post(session, root + "/tokenize", {"model": model, "prompt": text,
-                                                                  "add_special_tokens": False}))["tokens"]
+                text = await _post(session, root + "/detokenize", {"model": model, "tokens": ids}, "prompt")
+                got = await _post(session, root + "/tokenize", {"model": model, "prompt": text,
+                                                                "add_special_tokens": False}, "tokens")
                 count = len(got)
                 if count == p.input_len:
                     break

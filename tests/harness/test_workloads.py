@@ -137,3 +137,27 @@ async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
         await runner.cleanup()
     for p in prompts:
         assert len(tok(p.text)) == 400 == p.input_len
+
+
+@pytest.mark.parametrize("answer", ["<html>proxy error</html>", '{"detail": "no prompt here"}'])
+async def test_text_mode_unusable_tokenizer_answer_is_a_server_error(answer: str) -> None:
+    """A 200 that is not JSON, or JSON without the expected field, is one clear error, not a traceback."""
+    from aiohttp import web
+    from conftest import free_port
+    from k2bench.harness.errors import ServerError
+
+    async def detokenize(request: web.Request) -> web.Response:
+        return web.Response(text=answer)
+
+    app = web.Application()
+    app.router.add_post("/detokenize", detokenize)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        w = loader.Workload(name="txt", isl=5, osl=2, mode="text")
+        with pytest.raises(ServerError, match="/detokenize did not answer a JSON object with 'prompt'"):
+            await loader._text_prompts(f"http://127.0.0.1:{port}", "m", loader.token_prompts(w, 1))
+    finally:
+        await runner.cleanup()
