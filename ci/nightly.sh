@@ -24,19 +24,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-REPO=$(cd "$REPO" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
+# shellcheck source=ci/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+k2_paths
 SHA=$(git -C "$REPO" rev-parse HEAD)
-if [ -n "${K2BENCH_DB:-}" ]; then SHOWN_DB="(secret URL from K2BENCH_DB)"; else SHOWN_DB=$DB; fi
 echo "k2bench nightly: ${SHA:0:10} on $BRANCH, db $SHOWN_DB"
 
-(cd "$REPO" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
-  --commit "$SHA" --branch "$BRANCH" --db "$DB" --json "$OUT/run-${SHA:0:10}.json") || {
-  echo "k2bench nightly: the sweep failed" >&2
-  exit 3
-}
+k2_sweep "k2bench nightly" "$REPO" "$SHA" "$BRANCH" --json "$OUT/run-${SHA:0:10}.json"
 
 # shellcheck disable=SC2086
 k2bench changepoints --branch "$BRANCH" --db "$DB" ${K2BENCH_CHANGEPOINT_ARGS:-} | tee "$OUT/changepoints.txt"

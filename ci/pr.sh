@@ -34,27 +34,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-REPO=$(cd "$REPO" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
-SWEEP_CMD=${K2BENCH_SWEEP_CMD:-k2bench sweep}
-SWEEP_ARGS=${K2BENCH_SWEEP_ARGS:-}
+# shellcheck source=ci/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+k2_paths
 BASELINE_SWEEP=${K2BENCH_BASELINE_SWEEP:-auto}
 
 HEAD_SHA=$(git -C "$REPO" rev-parse HEAD)
 HEAD_BRANCH=${K2BENCH_HEAD_BRANCH:-$(git -C "$REPO" rev-parse --abbrev-ref HEAD)}
 if [ "$HEAD_BRANCH" = HEAD ]; then HEAD_BRANCH="pr-${PR:-local}"; fi
 MB=$(git -C "$REPO" merge-base "$BASE" HEAD 2>/dev/null || git -C "$REPO" merge-base "origin/$BASE" HEAD 2>/dev/null || true)
-if [ -n "${K2BENCH_DB:-}" ]; then SHOWN_DB="(secret URL from K2BENCH_DB)"; else SHOWN_DB=$DB; fi
 echo "k2bench PR gate: head ${HEAD_SHA:0:10} ($HEAD_BRANCH), base $BASE, merge-base ${MB:0:10}, db $SHOWN_DB"
-
-sweep() {  # sweep <checkout dir> <commit> <branch>; a failed sweep exits 3, never 1 (1 means regression)
-  (cd "$1" && bash -c "$SWEEP_CMD $SWEEP_ARGS \"\$@\"" sweep --commit "$2" --branch "$3" --db "$DB") || {
-    echo "k2bench PR gate: the sweep of ${2:0:10} failed" >&2
-    exit 3
-  }
-}
 
 has_merge_base_run() {  # is there a run at the merge-base comparable with the head's runs?
   python - "$DB" "$HEAD_SHA" "$REPO" "$BASE" <<'PY'
@@ -69,7 +58,7 @@ sys.exit(0 if sel.baseline else 1)
 PY
 }
 
-sweep "$REPO" "$HEAD_SHA" "$HEAD_BRANCH"
+k2_sweep "k2bench PR gate" "$REPO" "$HEAD_SHA" "$HEAD_BRANCH"
 
 if [ -n "$MB" ] && [ "$MB" != "$HEAD_SHA" ] && [ "$BASELINE_SWEEP" != never ]; then
   if [ "$BASELINE_SWEEP" = always ] || ! has_merge_base_run; then
@@ -77,7 +66,7 @@ if [ -n "$MB" ] && [ "$MB" != "$HEAD_SHA" ] && [ "$BASELINE_SWEEP" != never ]; t
     trap 'git -C "$REPO" worktree remove --force "$WT" >/dev/null 2>&1 || true; rm -rf "$WT"' EXIT
     git -C "$REPO" worktree add --detach --force "$WT" "$MB" >/dev/null
     echo "k2bench PR gate: sweeping the merge-base ${MB:0:10} in $WT"
-    sweep "$WT" "$MB" "$BASE"
+    k2_sweep "k2bench PR gate" "$WT" "$MB" "$BASE"
   fi
 fi
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Setup shared by ci/pr.sh and ci/nightly.sh; they source this file after parsing their arguments.
+# Not a command of its own.
+
+# k2_paths: make REPO and OUT absolute (creating OUT), then set DB (K2BENCH_DB, else SQLite in OUT)
+# and SHOWN_DB, what may be printed of it: a URL from K2BENCH_DB is a secret in CI.
+k2_paths() {
+  REPO=$(cd "$REPO" && pwd)
+  mkdir -p "$OUT"
+  OUT=$(cd "$OUT" && pwd)
+  DB=${K2BENCH_DB:-sqlite:///$OUT/k2bench.db}
+  if [ -n "${K2BENCH_DB:-}" ]; then SHOWN_DB="(secret URL from K2BENCH_DB)"; else SHOWN_DB=$DB; fi
+}
+
+# k2_sweep WHO DIR COMMIT BRANCH [ARG...]: run one sweep inside the checkout DIR:
+#   $K2BENCH_SWEEP_CMD (default "k2bench sweep") $K2BENCH_SWEEP_ARGS --commit C --branch B --db $DB ARG...
+# A failed sweep exits the script with 3 (never 1: to the PR gate 1 means a regression).
+k2_sweep() {
+  local who=$1 dir=$2 commit=$3 branch=$4
+  shift 4
+  (cd "$dir" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
+    --commit "$commit" --branch "$branch" --db "$DB" "$@") || {
+    echo "$who: the sweep of ${commit:0:10} failed" >&2
+    exit 3
+  }
+}
