@@ -140,6 +140,20 @@ def _byte_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _LUT_CACHE[key]
 
 
+def _scaled_byte_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256 * 256, 2]: row (scale code << 8 | byte) holds the byte's two E2M1 values times 2^(code - 127),
+
+    computed in float32 and then cast to `dtype` (the same rounding as decoding, scaling and casting
+    separately), so dequantisation is a single gather with no per-element multiply or cast.
+    """
+    key = (device, dtype, "scaled")
+    if key not in _LUT_CACHE:
+        codes = torch.arange(256, device=device).to(torch.uint8)
+        table = _byte_lut(device, torch.float32).unsqueeze(0) * e8m0_to_float(codes).view(256, 1, 1)
+        _LUT_CACHE[key] = table.reshape(256 * 256, 2).to(dtype).contiguous()
+    return _LUT_CACHE[key]
+
+
 def dequantize_mxfp4(
     packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
@@ -149,9 +163,9 @@ def dequantize_mxfp4(
     sc = _as_uint8(scale)
     if sc.shape[-1] * BLOCK != k or sc.shape[:-1] != p.shape[:-1]:
         raise ValueError(f"MXFP4 scale shape {tuple(sc.shape)} does not match packed {tuple(packed.shape)}")
-    vals = _byte_lut(p.device, torch.float32)[p.long()].reshape(*p.shape[:-1], k // BLOCK, BLOCK)
-    out = vals * e8m0_to_float(sc).unsqueeze(-1)
-    return out.reshape(*p.shape[:-1], k).to(dtype)
+    # one int32 index per byte: its block's scale code in bits 8..15, the byte itself in bits 0..7
+    idx = (sc.to(torch.int32).unsqueeze(-1) << 8).expand(*sc.shape, BLOCK // 2).reshape(-1) | p.reshape(-1)
+    return _scaled_byte_lut(p.device, dtype).index_select(0, idx).reshape(*p.shape[:-1], k)
 
 
 def fake_quantize_mxfp4(x: torch.Tensor, scale_rule: str = DEFAULT_SCALE_RULE) -> torch.Tensor:

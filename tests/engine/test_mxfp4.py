@@ -141,3 +141,19 @@ def test_fake_quant_and_shapes():
     assert torch.equal(fake_quantize_mxfp4(y), y)  # idempotent: already on the grid
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_mxfp4(torch.randn(2, 48))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantise_every_byte_and_scale_code_matches_scalar_reference(dtype):
+    """Every (byte, scale code) pair, incl. the NaN code and subnormal scales, decodes to value * 2^(code-127)."""
+    vals = GRID + [-v for v in GRID]
+    codes = torch.arange(256)
+    packed = torch.arange(256, dtype=torch.uint8).repeat(256, 1)  # row = scale code, 16 blocks of 16 bytes
+    scale = codes.to(torch.uint8).unsqueeze(1).repeat(1, 16)
+    got = dequantize_mxfp4(packed, scale, dtype).view(256, 256, 2).double()
+    for c in (0, 1, 100, 126, 127, 128, 200, 254, 255):
+        for b in range(256):
+            for j, nib in enumerate((b & 15, b >> 4)):
+                want = math.nan if c == 255 else torch.tensor(vals[nib] * 2.0 ** (c - 127)).to(dtype).item()
+                g = got[c, b, j].item()
+                assert (math.isnan(g) and math.isnan(want)) or (g == want and math.copysign(1, g) == math.copysign(1, want)), (c, b, j)
