@@ -233,10 +233,13 @@ def _precision_of(model_dir: Path) -> str | None:
         cfg = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    q = cfg.get("quantization_config") or {}
-    text = json.dumps(q).lower()
-    if "fp4" in text or "mxfp4" in text:
+    q = json.dumps(cfg.get("quantization_config") or {}).lower()
+    if "nvfp4" in q:  # ModelOpt / compressed-tensors NVFP4: not the same format as MXFP4
+        return "nvfp4"
+    if "fp4" in q:  # Quark (Kimi-K2.5) and gpt-oss MXFP4
         return "mxfp4"
+    if "fp8" in q:  # e.g. quant_method "fp8": the weights are not in torch_dtype
+        return "fp8"
     return str(cfg.get("torch_dtype") or "bf16")
 
 

@@ -1,4 +1,5 @@
-"""--conc: ranges of powers of two, lists, single levels; everything else rejected with a reason."""
+"""--conc: ranges of powers of two, lists, single levels; everything else rejected with a reason. Also the
+precision a sweep reads from the model config."""
 
 from __future__ import annotations
 
@@ -79,3 +80,27 @@ def test_bad_counts_rejected(flag: str, value: str, capsys) -> None:
     assert main(["sweep", "--url", "http://127.0.0.1:9", f"{flag}={value}"]) == 2
     err = capsys.readouterr().err
     assert err.strip().startswith("k2bench: error:") and flag in err
+
+
+@pytest.mark.parametrize(
+    ("config", "precision"),
+    [
+        ({"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "quark",
+                                                             "global_quant_config": {"weight": {"dtype": "fp4"}}}},
+         "mxfp4"),
+        ({"quantization_config": {"quant_method": "mxfp4"}}, "mxfp4"),
+        ({"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
+         "nvfp4"),
+        ({"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+         "fp8"),
+        ({"torch_dtype": "bfloat16"}, "bfloat16"),
+    ],
+)
+def test_precision_read_from_the_model_config(tmp_path, config: dict, precision: str) -> None:
+    """The recorded precision is part of the fingerprint: an NVFP4 or FP8 checkpoint must not read as MXFP4/BF16."""
+    import json
+
+    from k2bench.harness.sweep import _precision_of
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _precision_of(tmp_path) == precision
