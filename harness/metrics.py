@@ -77,8 +77,9 @@ def _interactivity(tpot: dict) -> dict:
 
     interactivity.median = 1000 / tpot_ms.median, interactivity.p90 = 1000 / tpot_ms.p90 and
     interactivity.p99 = 1000 / tpot_ms.p99. Because interactivity is the inverse of TPOT, the
-    "p90" figure is a tail: 90% of completed requests were at least this interactive (it equals
-    the 10th percentile of per-request 1000/TPOT). Likewise p99.
+    "p90" figure is a tail: about 90% of completed requests were at least this interactive. It is
+    the 10th percentile of per-request 1000/TPOT only where the percentile falls on a sample: the
+    linear interpolation between two TPOTs is not inverted exactly. Likewise p99.
     """
     out = {}
     for key in INTERACTIVITY_KEYS:
