@@ -8,6 +8,7 @@ and the run is marked partial; a run with no finished level is marked failed.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import re
 import shutil
@@ -72,10 +73,14 @@ def parse_count(text: str | None, flag: str) -> tuple[int | None, float | None]:
     t = text.strip().lower()
     try:
         if t.endswith("x"):
-            return None, float(t[:-1])
-        return int(t), None
+            multiple = float(t[:-1])
+            if math.isfinite(multiple):  # "nanx" / "infx" would only fail later, as a traceback
+                return None, multiple
+        else:
+            return int(t), None
     except ValueError:
-        raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}") from None
+        pass
+    raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}")
 
 
 def parse_tags(items: list[str] | None) -> dict[str, str]:

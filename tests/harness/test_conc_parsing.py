@@ -75,7 +75,8 @@ def test_counts_per_level_as_numbers_or_multiples_of_concurrency() -> None:
     assert SweepConfig(levels=[4], workload=w, num_prompts=7).prompts_for(4) == 7
 
 
-@pytest.mark.parametrize("flag,value", [("--num-prompts", "abc"), ("--num-prompts", "0x"), ("--warmup", "-1x")])
+@pytest.mark.parametrize("flag,value", [("--num-prompts", "abc"), ("--num-prompts", "0x"), ("--warmup", "-1x"),
+                                        ("--num-prompts", "nanx"), ("--warmup", "infx")])
 def test_bad_counts_rejected(flag: str, value: str, capsys) -> None:
     assert main(["sweep", "--url", "http://127.0.0.1:9", f"{flag}={value}"]) == 2
     err = capsys.readouterr().err
