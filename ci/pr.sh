@@ -38,6 +38,10 @@ done
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 k2_paths
 BASELINE_SWEEP=${K2BENCH_BASELINE_SWEEP:-auto}
+case "$BASELINE_SWEEP" in
+  auto|always|never) ;;
+  *) echo "ci/pr.sh: K2BENCH_BASELINE_SWEEP must be auto, always or never, not '$BASELINE_SWEEP'" >&2; exit 2 ;;
+esac
 
 HEAD_SHA=$(git -C "$REPO" rev-parse HEAD)
 HEAD_BRANCH=${K2BENCH_HEAD_BRANCH:-$(git -C "$REPO" rev-parse --abbrev-ref HEAD)}

@@ -95,3 +95,18 @@ def test_pr_comment_refuses_a_body_without_the_marker(tmp_path):
     res = subprocess.run(["bash", str(CI / "pr_comment.sh"), str(body), "3"], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "GITHUB_REPOSITORY": "o/r"})
     assert res.returncode == 2 and "refusing" in res.stderr
+
+
+def test_pr_script_refuses_an_unknown_baseline_sweep_policy(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git_env = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x", "HOME": str(tmp_path)}
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(["git", *args], cwd=repo, env=git_env, check=True)
+    env = {**git_env, "K2BENCH_SWEEP_CMD": "touch swept; false", "K2BENCH_BASELINE_SWEEP": "Always"}
+    res = subprocess.run(["bash", str(CI / "pr.sh"), "--repo", str(repo), "--out", str(tmp_path / "out")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    # a typo must not quietly mean "auto": usage error before any sweep
+    assert res.returncode == 2 and "K2BENCH_BASELINE_SWEEP" in res.stderr
+    assert not (repo / "swept").exists()
