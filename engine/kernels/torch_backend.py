@@ -54,9 +54,12 @@ class TorchBackend:
         *,
         a4w4: bool = False,
     ) -> torch.Tensor:
-        out = torch.zeros_like(x)
         num_experts = w13.shape[0]
         xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
+        if topk_ids.numel() <= num_experts:
+            return self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
+                                            a4w4=a4w4 and w2_scale is not None)
+        out = torch.zeros_like(x)
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
         counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
@@ -75,6 +78,40 @@ class TorchBackend:
             h = self.linear(h, w2[e], None if w2_scale is None else w2_scale[e], a4w4=a4w4)
             out.index_add_(0, tok, (h * wts.unsqueeze(-1).to(h.dtype)).to(out.dtype))
         return out
+
+    @staticmethod
+    def _moe_per_assignment(
+        xq: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor | None,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor | None,
+        *,
+        a4w4: bool,
+    ) -> torch.Tensor:
+        """Few tokens (decode): every (token, expert) pair gets its own copy of the expert's weights.
+
+        The chosen experts' packed weights are gathered and dequantised in one op per projection,
+        and both projections run as one batched matmul over the T*k pairs, so there is no Python
+        loop over experts and no host sync (the shapes depend only on T and k). Each pair sees the
+        same dequantised weights and activations as in the per-expert loop; the k expert outputs
+        of a token are summed in float32 (as HF's reference MoE does) and cast once.
+        """
+        T, k = topk_ids.shape
+        ids = topk_ids.reshape(-1)
+        x = xq.repeat_interleave(k, dim=0).unsqueeze(1)  # [T*k, 1, H], pair t*k+j is token t
+        w = w13[ids] if w13_scale is None else dequantize_mxfp4(w13[ids], w13_scale[ids], x.dtype)
+        h = torch.bmm(x, w.transpose(1, 2))  # [T*k, 1, 2I]
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        if a4w4:
+            h = fake_quantize_mxfp4(h)
+        w = w2[ids] if w2_scale is None else dequantize_mxfp4(w2[ids], w2_scale[ids], h.dtype)
+        y = torch.bmm(h, w.transpose(1, 2)).view(T, k, -1)  # [T, k, H]
+        y = (y * topk_weights.view(T, k, 1).to(y.dtype)).float().sum(dim=1)
+        return y.to(xq.dtype)
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
         """Per-step gather indices, shared by every layer: built once per forward, not once per layer."""
