@@ -39,16 +39,19 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
     cand_runs = bl.resolve_runs(store, candidate, opts.repo)
     sel = bl.select(store, cand_runs, baseline, opts)
     cand_ids = [r["id"] for r in sel.candidate]
-    cand_pts = store.points_frame(run_ids=cand_ids)
+    base_ids = [r["id"] for r in sel.baseline]
+    hist_ids = [r["id"] for r in sel.history]
+    # one query for every run involved: the history holds the baseline runs, so separate queries
+    # would read those twice
+    points = store.points_frame(run_ids=sorted({*cand_ids, *base_ids, *hist_ids}))
+    cand_pts = points[points["run_id"].isin(cand_ids)]
     if not sel.baseline:
         res = RegressResult(candidate_runs=cand_ids, baseline_runs=[], history_runs=[], verdicts=[],
                             frontier=None, overall="no-baseline", baseline_reason=sel.reason,
                             candidate_meta=sel.candidate[-1])
         return GateOutput(res, _plot_points(cand_pts), [])
-    base_ids = [r["id"] for r in sel.baseline]
-    hist_ids = [r["id"] for r in sel.history]
-    base_pts = store.points_frame(run_ids=base_ids)
-    hist_pts = store.points_frame(run_ids=hist_ids) if hist_ids else None
+    base_pts = points[points["run_id"].isin(base_ids)]
+    hist_pts = points[points["run_id"].isin(hist_ids)] if hist_ids else None
     cand_req = _requests(store, cand_ids) if use_requests else None
     base_req = _requests(store, base_ids) if use_requests else None
     res = compare(cand_pts, base_pts, hist_pts, cand_req, base_req, config)
