@@ -121,8 +121,7 @@ def _delta_table(res: RegressResult) -> list[str]:
             v = by.get((m.column, c))
             cells.append("n/a" if v is None else f"{_pct(v.rel_change)} {MARKS[v.status]}".strip())
         out.append(f"| {c} | " + " | ".join(cells) + " |")
-    thr = sorted({(v.label, v.threshold) for v in res.verdicts}, key=lambda t: t[0])
-    thr_text = ", ".join(sorted({f"{100 * t:g}%" for _, t in thr}))
+    thr_text = ", ".join(sorted({f"{100 * v.threshold:g}%" for v in res.verdicts}))
     out += ["", f"Change of candidate vs baseline (higher is better for tok/s/GPU and tok/s/user, lower for "
                 f"latencies). ❌ regression / ✅ improvement: beyond the threshold ({thr_text}) and significant; "
                 f"~ beyond the threshold but within noise; ? beyond the threshold, significance unknown.", ""]
