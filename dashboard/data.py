@@ -245,10 +245,12 @@ def compare_frontiers(a: pd.DataFrame, b: pd.DataFrame, x: str = "interactivity_
 
 
 def matched_interactivity(a: pd.DataFrame, b: pd.DataFrame, x: str = "interactivity_median",
-                          y: str = "tput_per_gpu") -> pd.DataFrame:
+                          y: str = "tput_per_gpu", comparison=None) -> pd.DataFrame:
     """At each of A's frontier levels that B's frontier also reaches, both throughputs (B's
-    interpolated along its frontier, never extrapolated) and the change in percent."""
-    result = compare_frontiers(a, b, x, y)
+    interpolated along its frontier, never extrapolated) and the change in percent.
+
+    ``comparison``: compare_frontiers(a, b, x, y) when the caller already has it."""
+    result = comparison if comparison is not None else compare_frontiers(a, b, x, y)
     conc = dict(zip(a[x].astype(float), a["concurrency"], strict=True))
     rows = [{"concurrency A": int(conc[m["interactivity"]]) if m["interactivity"] in conc else None,
              x: m["interactivity"], f"{y} A": m["baseline"], f"{y} B": m["candidate"],

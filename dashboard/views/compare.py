@@ -67,11 +67,11 @@ def render(url: str, runs: pd.DataFrame) -> None:
         csv_download(deltas, "compare_deltas", key="compare_csv")
 
     st.subheader("Throughput at matched interactivity")
-    matched = data.matched_interactivity(la, lb)
+    shift = data.compare_frontiers(la, lb)
+    matched = data.matched_interactivity(la, lb, comparison=shift)
     if matched.empty:
         st.info("The two frontiers do not overlap in interactivity, so there is nothing to match.")
     else:
-        shift = data.compare_frontiers(la, lb)
         lo, hi = shift.overlap
         st.metric("Throughput of B at matched interactivity", f"{shift.geo_mean_ratio:.3f}x A",
                   delta=f"{shift.shift * 100:+.1f}% vs A")
