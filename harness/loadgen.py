@@ -132,7 +132,8 @@ def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def make_session(concurrency: int, timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:
+def make_session(timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:
+    """One session for a whole level: no cap on connections (the closed loop is the cap), kept alive."""
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=3600,
                                      enable_cleanup_closed=False)
     # The request's clock starts when its body has been handed to the socket, not when the
@@ -321,7 +322,7 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     gc.collect()
     gc.disable()  # a collection pause would land in somebody's TTFT
     try:
-        async with make_session(spec.concurrency, spec.timeout_s, spec.api_key) as session:
+        async with make_session(spec.timeout_s, spec.api_key) as session:
             if warm:
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done)
                 if not any(r.success for _, r in warm):

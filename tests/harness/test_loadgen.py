@@ -182,7 +182,7 @@ async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> Non
     try:
         rec = RequestRecord(index=0, concurrency=1, warmup=False, requested_input_tokens=3,
                             requested_output_tokens=3, send_ns=0)
-        async with make_session(1, 10) as session:
+        async with make_session(10) as session:
             await stream_one(session, f"http://127.0.0.1:{port}/v1/completions", b"{}", rec, 10)
     finally:
         await runner.cleanup()
