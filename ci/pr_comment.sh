@@ -15,8 +15,10 @@ if ! head -n 1 "$BODY" | grep -qF "$MARKER"; then
   echo "ci/pr_comment.sh: $BODY does not start with $MARKER; refusing (it could never be found again)" >&2
   exit 2
 fi
+# sed, not head: head would quit after one line and, under pipefail, a gh still writing further
+# pages would die of SIGPIPE and take the script down with it
 ID=$(gh api "repos/$SLUG/issues/$PR/comments" --paginate \
-      --jq ".[] | select(.body | contains(\"$MARKER\")) | .id" | head -n 1)
+      --jq ".[] | select(.body | contains(\"$MARKER\")) | .id" | sed -n 1p)
 if [ -n "$ID" ]; then
   gh api -X PATCH "repos/$SLUG/issues/comments/$ID" -F "body=@$BODY" >/dev/null
   echo "k2bench: updated comment $ID on #$PR"

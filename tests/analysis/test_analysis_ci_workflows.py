@@ -110,3 +110,21 @@ def test_pr_script_refuses_an_unknown_baseline_sweep_policy(tmp_path):
     # a typo must not quietly mean "auto": usage error before any sweep
     assert res.returncode == 2 and "K2BENCH_BASELINE_SWEEP" in res.stderr
     assert not (repo / "swept").exists()
+
+
+def test_pr_comment_survives_a_long_paginated_comment_listing(tmp_path):
+    """gh may still be writing later pages after the first matching id: reading only the first line
+    must not kill it with SIGPIPE (which pipefail turns into a failed comment step)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gh = bin_dir / "gh"
+    gh.write_text('#!/usr/bin/env bash\nif [ "$2" = -X ]; then echo "$*" >> "$GH_LOG"; exit 0; fi\n'
+                  "seq 42 400000\n")  # the listing: far more than a pipe buffer of matching ids
+    gh.chmod(0o755)
+    body = tmp_path / "c.md"
+    body.write_text("<!-- k2bench-regress -->\nreport\n")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "GITHUB_REPOSITORY": "o/r", "GH_LOG": str(tmp_path / "gh.log")}
+    res = subprocess.run(["bash", str(CI / "pr_comment.sh"), str(body), "7"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "gh.log").read_text().startswith("api -X PATCH repos/o/r/issues/comments/42 ")
