@@ -10,6 +10,7 @@ run.extra or a point's extra.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -131,9 +132,9 @@ def _check(kind: str, value, where: str):
         if not _is_int(value) or value < low:
             raise bad(f"an integer >= {low}")
         return value
-    if base == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise bad("a number")
+    if base == "float":  # finite: a NaN or Infinity would be stored, then refused by write_doc on export
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad("a finite number")
         return float(value)
     if base == "ratio":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:

@@ -142,3 +142,16 @@ def test_bad_import_file_writes_nothing(db, tmp_path, capsys):
     assert "not valid JSON" in capsys.readouterr().err
     with Store.open(db) as store:
         assert store.list_runs() == []  # the good file was not imported either: all checked first
+
+
+def test_import_refuses_non_finite_numbers_in_one_line(db, tmp_path, capsys):
+    """Python's json reads Infinity/NaN; stored, such a run could never be exported again (strict JSON)."""
+    text = FIXTURE.read_text()
+    doc = json.loads(text)
+    p99 = doc["points"][0]["ttft_ms"]["p99"]
+    bad = tmp_path / "inf.json"
+    bad.write_text(text.replace(f'"p99": {json.dumps(p99)}', '"p99": Infinity', 1))
+    assert json.loads(bad.read_text())["points"][0]["ttft_ms"]["p99"] == float("inf")
+    assert main(["import", str(bad), "--db", db]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and r"points[0].ttft_ms.p99" in err and "finite" in err
