@@ -24,6 +24,12 @@ class AttentionPlan:
 
 # Upper bound on float32 attention scores held at once (elements); long prefills run in query slices.
 SCORE_BUDGET = 1 << 22
+# On CPU the batched MoE path (one copy of the expert weights per token-expert pair) only pays while
+# the gathered packed bytes stay small: bench/engine_moe_bench.py has it 2x faster at the tiny
+# model's 16 pairs x 16 KiB of packed w13 but 0.7-0.9x at 8-16 pairs x 256 KiB, where the per-expert loop's
+# smaller, cache-resident pieces win. Other devices take it whenever pairs <= experts (sync-free;
+# not yet measured on a GPU).
+CPU_PAIR_BUDGET = 1 << 20  # pairs x elements of one expert's w13 (packed bytes for MXFP4)
 
 
 class TorchBackend:
@@ -56,10 +62,27 @@ class TorchBackend:
     ) -> torch.Tensor:
         num_experts = w13.shape[0]
         xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
-        if topk_ids.numel() <= num_experts:
+        pairs = topk_ids.numel()
+        if pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET):
             return self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
                                             a4w4=a4w4 and w2_scale is not None)
-        out = torch.zeros_like(x)
+        return self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+
+    def _moe_expert_loop(
+        self,
+        xq: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor | None,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor | None,
+        *,
+        a4w4: bool,
+    ) -> torch.Tensor:
+        """Many tokens: tokens sorted by expert, one dequantise + two matmuls per touched expert."""
+        num_experts = w13.shape[0]
+        out = torch.zeros_like(xq)
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
         counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
