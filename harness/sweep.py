@@ -252,7 +252,13 @@ def _precision_of(model_dir: Path) -> str | None:
 def _sigterm_as_interrupt() -> Iterator[None]:
     """A SIGTERM (CI cancelling a job) unwinds like Ctrl-C: the server is stopped, levels kept."""
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        # Forwarded as SIGINT rather than raised here: raised inside an event-loop transport callback,
+        # uvloop swallows a KeyboardInterrupt (one request fails, the sweep carries on), while asyncio's
+        # Runner turns a SIGINT into a clean cancel of the level. Outside a loop SIGINT raises as usual.
+        if callable(signal.getsignal(signal.SIGINT)):
+            signal.raise_signal(signal.SIGINT)
+        else:  # SIGINT ignored (a background job of a shell): no way to forward it
+            raise KeyboardInterrupt
 
     try:
         old = signal.signal(signal.SIGTERM, handler)

@@ -263,3 +263,39 @@ def test_every_request_of_a_level_gets_its_own_prompt(tmp_path, monkeypatch) -> 
         run_sweep(SweepConfig(levels=[2], workload=Workload(name="w", isl=16, osl=2), url=url, num_prompts=6,
                               warmup=4, db=db))
     assert len(seen) == 10 and len(set(seen)) == 10
+
+
+def test_sigterm_inside_a_transport_callback_still_interrupts(tmp_path) -> None:
+    """The SIGTERM of a cancelled CI job lands wherever the loop is; uvloop swallows a KeyboardInterrupt
+    raised inside a protocol's data_received, so the sweep must not rely on raising it there."""
+    import asyncio
+    import os
+    import signal
+    import threading
+    import time
+
+    from k2bench.harness.loadgen import run as run_async
+    from k2bench.harness.sweep import _sigterm_as_interrupt
+
+    class Busy(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:  # the signal arrives while this callback runs
+                pass
+
+    async def main_coro() -> str:
+        async def send(reader, writer) -> None:
+            writer.write(b"x")
+            await writer.drain()
+
+        server = await asyncio.start_server(send, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        await loop.create_connection(Busy, "127.0.0.1", port)
+        await asyncio.sleep(1.5)
+        server.close()
+        return "finished"
+
+    with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt():
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        run_async(main_coro())
