@@ -7,6 +7,10 @@ A backend is an object with the ops the model calls:
   SiLU-gated, weighted sum over the chosen experts (no all-reduce).
 - `plan_attention(meta, kv_dim)`: per-step gather plan from the AttentionMetadata, built once per
   forward and shared by all layers.
+- `mla(q_nope, q_pe, kv_cache, plan, scale, w_uk, w_uv)`: the attention of one layer, per-head values
+  [T, H, v]; w_uk / w_uv are the key and value halves of kv_b_proj. The torch backend runs it absorbed
+  through `mla_attention`; the triton backend runs prefill chunks expanded (flash SDPA) and decodes
+  absorbed in a paged kernel.
 - `mla_attention(q_lat, q_pe, kv_cache, plan, scale, kv_lora_rank)`: attention of the new tokens over
   the paged latent cache (absorbed MLA form), returns the latent output [T, H, kv_lora_rank].
 

@@ -166,6 +166,26 @@ class TorchBackend:
                 groups.append((idx, slots, valid, width))
         return AttentionPlan(prefills, groups)
 
+    def mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        plan: AttentionPlan,
+        scale: float,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-head attention values [T, H, v] from q_nope [T, H, nope] and q_pe [T, H, rope].
+
+        w_uk [H, nope, r] / w_uv [H, v, r] are the two halves of kv_b_proj. This backend runs
+        everything in the absorbed form: q_nope is multiplied into the latent space, attention runs
+        over the cached latents (`mla_attention`), and w_uv maps the latent output to the values.
+        """
+        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+        o_lat = self.mla_attention(q_lat, q_pe, kv_cache, plan, scale, w_uk.shape[-1])
+        return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)
+
     def mla_attention(
         self,
         q_lat: torch.Tensor,

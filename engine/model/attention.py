@@ -95,9 +95,15 @@ class MLAttention(nn.Module):
             entry = entry.float().clamp(-lim, lim)
         flat[meta.slot_mapping] = entry.to(kv_cache.dtype)
 
-        w = self.kv_b_proj.dense_weight().view(self.heads, nope + v, r)
+        w = self._kv_b_dense().view(self.heads, nope + v, r)
         w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]
-        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
-        o_lat = self.par.backend.mla_attention(q_lat, q_pe, kv_cache, plan, self.scale, r)
-        o = torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv).reshape(T, self.heads * v)
-        return self.par.all_reduce(self.o_proj(o))
+        o = self.par.backend.mla(q_nope, q_pe, kv_cache, plan, self.scale, w_uk, w_uv)
+        return self.par.all_reduce(self.o_proj(o.reshape(T, self.heads * v)))
+
+    def _kv_b_dense(self) -> torch.Tensor:
+        """kv_b_proj in the compute dtype, dequantised once (weights never change after loading)."""
+        w = getattr(self, "_kv_b_cache", None)
+        if w is None or w.device != self.kv_b_proj.weight.device:
+            w = self.kv_b_proj.dense_weight()
+            self._kv_b_cache = w
+        return w
