@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 # Tensors split across ranks (on their output or input dim); everything else is replicated.
-_SPLIT = re.compile(r"(q_b_proj|q_proj|kv_b_proj|o_proj|gate_proj|up_proj|down_proj)\.(weight|weight_scale)$")
+_SPLIT = re.compile(r"(q_b_proj|q_proj|kv_b_proj|o_proj|gate_proj|up_proj|down_proj|lm_head)\.(weight|weight_scale)$")
 _EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
 _LAYER = re.compile(r"layers\.(\d+)\.")
 

@@ -38,6 +38,14 @@ class Parallel:
             dist.all_reduce(x)
         return x
 
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's x along the last dim, in rank order (column-parallel outputs)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
 
 @dataclass(frozen=True)
 class TensorSpec:

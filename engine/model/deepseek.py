@@ -3,7 +3,8 @@
 Call contract (shared with the runtime; see engine/README.md):
     hidden = model(input_ids [T], positions [T], meta, kv_caches)   # -> [T, hidden]
     logits = model.compute_logits(hidden[idx])                       # -> [n, vocab] float32
-The embedding and lm_head are replicated on every rank, so logits are full-vocab everywhere.
+The embedding is replicated; lm_head is split over the vocabulary (when it divides by tp) and its
+logits gathered, so every rank reads only its slice of the largest weight and still gets full-vocab logits.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             None
             if cfg.tie_word_embeddings
             else Linear(
-                cfg.hidden_size, cfg.vocab_size, par,
+                cfg.hidden_size, cfg.vocab_size, par, tp_dim=0 if cfg.vocab_size % par.size == 0 else None,
                 quantized=q is not None and q.is_quantized(cfg.lm_head_name), name="lm_head",
             )
         )
@@ -95,4 +96,5 @@ class DeepseekV3ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             return F.linear(hidden, self.embed_tokens).float()
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        return self.par.all_gather_last(logits) if self.lm_head.tp_dim == 0 else logits
