@@ -1,50 +1,29 @@
 #!/usr/bin/env bash
-# The bundled engine at tensor parallel 4 on four GPUs, in one device call (issue 6):
+# The bundled engine at tensor parallel $TP (default 4) on that many GPUs, in one device call (issue 6):
 #   1. measure device-to-device copy bandwidth (the roofline's ceiling)
 #   2. write a Kimi-K2.5-width MXFP4 checkpoint (hidden 7168, 64 heads, 384 experts of 2048, top 8,
 #      vocab 163840) with only $LAYERS layers, on the GPU
 #   3. run the gpu-marked engine tests (torch and triton backends on CUDA against CPU)
-#   4. greedy tokens of `k2bench serve --tp 4` against `--tp 1` on that checkpoint (float32, W4)
-#   5. `k2bench sweep --isl 8192 --osl 1024` at TP 4 until $DEADLINE seconds, then the roofline table
+#   4. greedy tokens of `k2bench serve --tp $TP` against `--tp 1` on that checkpoint (float32, W4)
+#   5. `k2bench sweep --isl 8192 --osl 1024` at TP $TP until $DEADLINE seconds, then the roofline table
 # Everything it keeps goes to $OUT. Run from the repository root:
 #   OUT=/tmp/out bash bench/gpu_tp4.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}
 WORK=/tmp/k2bench-gpu-work  # logs; packed into $OUT/logs.tar.gz at the end ($OUT brings back 8 files at most)
 mkdir -p "$OUT" "$WORK"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 LAYERS=${LAYERS:-3}
 TP=${TP:-4}
 CONC=${CONC:-4,32,128}
 PROMPTS=${PROMPTS:-1x}
 DEADLINE=${DEADLINE:-560}
+BACKEND=${BACKEND:-auto}
 CKPT=${CKPT:-/tmp/k2-width}
-T0=$(date +%s)
-log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
-
-if [ -d .whl ]; then  # harness dependencies the device image lacks, carried as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q -e . --no-deps --no-build-isolation >"$WORK/install.log" 2>&1 || { log "install failed"; tail "$WORK/install.log"; exit 1; }
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee -a "$OUT/run.log"
+. bench/gpu_setup.sh
 
 log "bandwidth"
-python3 - <<'EOF' | tee "$OUT/bandwidth.json"
-import json, torch
-x = torch.randn(1 << 30, device="cuda")  # 4 GiB
-y = torch.empty_like(x)
-for _ in range(3):
-    y.copy_(x)
-torch.cuda.synchronize()
-times = []
-for _ in range(10):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); y.copy_(x); b.record(); b.synchronize()
-    times.append(a.elapsed_time(b) / 1e3)
-times.sort()
-med = times[len(times) // 2]
-print(json.dumps({"bytes_moved": 2 * x.numel() * 4, "median_s": med, "GBps": 2 * x.numel() * 4 / med / 1e9}))
-EOF
+python3 -c "import json, sys; sys.path.insert(0, 'bench'); from engine_gpu_bench import copy_bandwidth_gbs as bw
+print(json.dumps({'GBps': bw()}))" | tee "$OUT/bandwidth.json"
 BW=$(python3 -c "import json;print(json.load(open('$OUT/bandwidth.json'))['GBps'])")
 
 log "checkpoint: kimi-k2-width, $LAYERS layers"
@@ -52,19 +31,19 @@ k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --ou
 du -sh "$CKPT" | tee -a "$OUT/run.log"
 
 log "gpu tests"
-timeout 90 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
+timeout 120 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
 tail -3 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
 
 log "greedy tokens: tp 1 vs tp $TP"
 timeout 240 python3 bench/tp_greedy_check.py --model "$CKPT" --tp 1 "$TP" \
-  --server-args "--device cuda --dtype float32 --quant-mode w4 --max-model-len 8192 --kv-cache-memory 4" \
+  --server-args "--device cuda --backend $BACKEND --dtype float32 --quant-mode w4 --max-model-len 8192 --kv-cache-memory 4" \
   --lengths 7 300 3000 --max-tokens 12 --out "$WORK/tp_greedy.json" 2>&1 | tee -a "$OUT/run.log"
 cp "$WORK/tp_greedy.json" "$OUT/" 2>/dev/null
 
 LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
 log "sweep at tp $TP for at most ${LEFT}s: conc $CONC, $PROMPTS prompts per level, no warmup"
 timeout --signal=TERM --kill-after=20 "$LEFT" k2bench sweep --engine bundled --model "$CKPT" --tp "$TP" \
-  --server-args "--device cuda --max-num-seqs 128 --max-model-len 9600 --kv-cache-memory 24" \
+  --server-args "--device cuda --backend $BACKEND --max-num-seqs 128 --max-model-len 9600 --kv-cache-memory 24" \
   --isl 8192 --osl 1024 --conc "$CONC" --num-prompts "$PROMPTS" --warmup 0 --ready-timeout 300 \
   --db "sqlite:///$WORK/k2bench.db" --json "$OUT/sweep.json" --hardware "${TP}x NVIDIA H200" \
   --tag purpose=issue6 2>&1 | tail -25 | tee -a "$OUT/run.log"

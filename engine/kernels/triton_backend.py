@@ -1,10 +1,15 @@
-"""Triton backend: MXFP4 GEMMs through `tl.dot_scaled` (packed E2M1 weights + E8M0 scales, read as stored).
+"""Triton backend: the GPU path of the bundled engine.
 
-W4 mode feeds activations as bf16 (`lhs_format="bf16"`); A4W4 mode quantises them per 32 along K
-(the engine's quantiser, default scale rule) and feeds packed E2M1 + E8M0 on both sides. Where the
-hardware has no FP4 units (Hopper, CPU interpreter) Triton upcasts to bf16 inside the kernel.
-Float weights, attention and routing are inherited from the torch backend; the MoE experts call
-`linear`, so their MXFP4 matmuls run here too.
+- MXFP4 linears: `tl.dot_scaled` GEMM reading the packed E2M1 weights + E8M0 scales as stored. W4
+  mode feeds activations as bf16; A4W4 quantises them per 32 along K (the engine's quantiser) and
+  feeds E2M1 + E8M0 on both sides. Where the hardware has no FP4 units (Hopper, the CPU interpreter)
+  Triton upcasts inside the kernel.
+- Routed experts: `triton_moe.fused_moe_mxfp4` (pairs sorted by expert on the device, each touched
+  expert's packed weights read once per step, no host sync).
+- Attention: prefill chunks in the expanded MLA form through PyTorch's flash SDPA
+  (`prefill_attention`), decodes in the absorbed form through the paged split-KV kernel
+  `triton_attention.mla_decode`, which reads the latent cache in place.
+Float weights and routing are inherited from the torch backend.
 
 Runs on a GPU, or on CPU under TRITON_INTERPRET=1 (set before this module is imported), which is
 how the tests exercise it. Only what was run is claimed: see engine/README.md.
@@ -13,14 +18,19 @@ how the tests exercise it. Only what was run is claimed: see engine/README.md.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
+from k2bench.engine.kernels.triton_attention import mla_decode
+from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
 from k2bench.engine.mxfp4 import BLOCK, quantize_mxfp4
+from torch.nn.attention.bias import causal_lower_right
 
 
 @triton.jit
@@ -91,6 +101,48 @@ def mxfp4_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     return y.reshape(*lead, n)
 
 
+@dataclass
+class TritonPlan:
+    """One step's attention plan: prefill chunks as the torch backend lists them, decodes as tensors."""
+
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
+    decode_rows: torch.Tensor | None  # rows of the flat batch that are one-token (decode) sequences
+    decode_tables: torch.Tensor | None  # their block tables
+    decode_lens: torch.Tensor | None  # their context lengths
+
+
+def prefill_attention(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, scale: float, w_uk: torch.Tensor, w_uv: torch.Tensor
+) -> torch.Tensor:
+    """One sequence's prefill chunk in the expanded MLA form through PyTorch's fused SDPA.
+
+    q_nope [n, H, nope], q_pe [n, H, rope]; kv [ctx, r + rope] are the sequence's cached latents
+    (the chunk's own tokens are the last n). Per-head keys [k_nope | k_pe] and values are rebuilt
+    from the latents with kv_b_proj's halves w_uk [H, nope, r] and w_uv [H, v, r]: a prefill has
+    as many queries as keys, so the expanded form (head dim nope + rope = 192) costs about a third of
+    the absorbed one's (r + rope = 576) FLOPs, and SDPA's flash kernels never hold the score matrix.
+    The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
+    Values are zero-padded to the key width so the flash kernels (equal head dims) accept them.
+    """
+    n, H, _ = q_nope.shape
+    ctx = kv.shape[0]
+    r = w_uk.shape[-1]
+    kv = kv.to(q_nope.dtype)
+    latent, k_pe = kv[:, :r], kv[:, r:]
+    k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, ctx, nope]
+    v = torch.einsum("cr,hvr->hcv", latent, w_uv)  # [H, ctx, v]
+    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, ctx, -1)), dim=-1)
+    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1)  # [H, n, D]
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - dv))
+    if n == ctx:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx), scale=scale)
+    return o[..., :dv].transpose(0, 1)  # [n, H, v]
+
+
 class TritonBackend(TorchBackend):
     name = "triton"
 
@@ -98,6 +150,7 @@ class TritonBackend(TorchBackend):
         super().__init__(device)
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendError("the triton backend needs a GPU, or TRITON_INTERPRET=1 on CPU (tests only)")
+        self.moe_variant: str | None = None  # in-kernel dequantisation of the fused MoE (None: its default)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
@@ -105,3 +158,58 @@ class TritonBackend(TorchBackend):
         if weight_scale is None:
             return F.linear(x, weight)
         return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
+
+    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+        if w13_scale is None or w2_scale is None:  # float experts: the reference path
+            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        kw = {} if self.moe_variant is None else {"variant": self.moe_variant}
+        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, **kw)
+
+    def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
+        """Prefill chunks are listed (with their cache slots); decodes stay tensors for the paged kernel."""
+        cu = meta.cu_seqlens_q.tolist()
+        ctx_lens = meta.context_lens.tolist()
+        bs = meta.block_size
+        tables = meta.block_tables
+        if len(cu) - 1 == cu[-1]:  # pure decode step: every sequence brings one token
+            return TritonPlan([], None, tables, meta.context_lens)
+        dev = tables.device
+        offs = torch.arange(bs, device=dev)
+        prefills = []
+        decodes = []
+        for b, ctx in enumerate(ctx_lens):
+            s, e = cu[b], cu[b + 1]
+            if e - s == 1:
+                decodes.append(b)
+                continue
+            nblk = -(-ctx // bs)
+            slots = (tables[b, :nblk].to(torch.long).unsqueeze(1) * bs + offs).reshape(-1)[:ctx]
+            prefills.append((s, e, ctx, slots))
+        if not decodes:
+            return TritonPlan(prefills, None, None, None)
+        seqs = torch.tensor(decodes, device=dev)
+        rows = meta.cu_seqlens_q[seqs].to(torch.long)
+        return TritonPlan(prefills, rows, tables[seqs], meta.context_lens[seqs])
+
+    def mla(self, q_nope, q_pe, kv_cache, plan, scale, w_uk, w_uv):
+        """Prefill chunks expanded through flash SDPA; decodes absorbed, in the paged split-KV kernel."""
+        if not isinstance(plan, TritonPlan):
+            return super().mla(q_nope, q_pe, kv_cache, plan, scale, w_uk, w_uv)
+        T, H, _ = q_nope.shape
+        if not plan.prefills and plan.decode_rows is None and plan.decode_tables is not None:
+            return self._decode(q_nope, q_pe, kv_cache, plan.decode_tables, plan.decode_lens, scale, w_uk, w_uv)
+        out = torch.empty(T, H, w_uv.shape[1], dtype=q_nope.dtype, device=q_nope.device)
+        flat = kv_cache.view(-1, kv_cache.shape[-1])
+        for s, e, _ctx, slots in plan.prefills:
+            out[s:e] = prefill_attention(q_nope[s:e], q_pe[s:e], flat[slots], scale, w_uk, w_uv)
+        if plan.decode_rows is not None:
+            rows = plan.decode_rows
+            out[rows] = self._decode(q_nope[rows], q_pe[rows], kv_cache, plan.decode_tables, plan.decode_lens,
+                                     scale, w_uk, w_uv)
+        return out
+
+    @staticmethod
+    def _decode(q_nope, q_pe, kv_cache, tables, lens, scale, w_uk, w_uv):
+        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+        o_lat = mla_decode(q_lat, q_pe.to(q_lat.dtype), kv_cache, tables, lens, scale)
+        return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)

@@ -105,3 +105,38 @@ def test_triton_mxfp4_gemm_on_cuda():
         ref4 = fake_quantize_mxfp4(x) @ wd.T
         y4 = mxfp4_matmul(x, wp, ws, a4w4=True)
         assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("n, ctx", [(9, 9), (5, 12), (1, 7)])
+def test_expanded_prefill_equals_absorbed_attention(n, ctx):
+    """The triton backend's prefill (expanded form, SDPA, lower-right causal) against the torch
+    backend's absorbed attention over the same paged cache (float64 inputs)."""
+    import torch
+    from k2bench.engine.attn_meta import AttentionMetadata
+    from k2bench.engine.kernels.torch_backend import TorchBackend
+    from k2bench.engine.kernels.triton_backend import prefill_attention
+
+    g = torch.Generator().manual_seed(n * 100 + ctx)
+    H, nope, rope, r, v, bs = 3, 8, 4, 16, 6, 4
+    f64 = torch.float64
+    cache = torch.randn(10, bs, r + rope, generator=g, dtype=f64)
+    table = torch.tensor([[7, 2, 9, 4]])
+    meta = AttentionMetadata(cu_seqlens_q=torch.tensor([0, n]), context_lens=torch.tensor([ctx]),
+                             slot_mapping=torch.zeros(n, dtype=torch.long), block_tables=table, block_size=bs)
+    q_nope = torch.randn(n, H, nope, generator=g, dtype=f64)
+    q_pe = torch.randn(n, H, rope, generator=g, dtype=f64)
+    w_uk = torch.randn(H, nope, r, generator=g, dtype=f64) / 4
+    w_uv = torch.randn(H, v, r, generator=g, dtype=f64) / 4
+    torch_b = TorchBackend()
+    ref = torch_b.mla(q_nope, q_pe, cache, torch_b.plan_attention(meta, r + rope), 0.3, w_uk, w_uv)
+    slots = (table[0].unsqueeze(1) * bs + torch.arange(bs)).reshape(-1)[:ctx]
+    got = prefill_attention(q_nope, q_pe, cache.view(-1, r + rope)[slots], 0.3, w_uk, w_uv)
+    assert got.shape == (n, H, v)
+    assert float((got - ref).abs().max()) < 1e-6  # the torch backend's softmax runs in float32
+    # the causal mask is live: the first chunk row must not see the chunk's later keys
+    if n > 1:
+        kv = cache.view(-1, r + rope)[slots]
+        seen = prefill_attention(q_nope[:1], q_pe[:1], kv[: ctx - n + 1], 0.3, w_uk, w_uv)
+        assert float((seen[0] - got[0]).abs().max()) < 1e-10
+        peek = prefill_attention(q_nope[:1], q_pe[:1], kv, 0.3, w_uk, w_uv)  # one query over all keys
+        assert float((peek[0] - got[0]).abs().max()) > 1e-3

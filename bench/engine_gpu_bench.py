@@ -1,0 +1,219 @@
+"""Decode-step and prefill time of the bundled engine on one GPU, per kernel variant, against the roofline.
+
+Loads a full-width checkpoint (e.g. `k2bench engine tiny --preset kimi-k2-width --layers 2 --device cuda`)
+once, then for each batch size B runs decode steps of B sequences that each hold `--ctx` cached tokens
+(random latents in a paged cache with scattered blocks) through each variant:
+
+- `torch`: the reference backend (absorbed attention over gathered context, torch MoE paths)
+- `triton:<moe variant>`: the triton backend (paged split-KV decode kernel, fused MXFP4 MoE kernel,
+  MXFP4 GEMMs) with the named in-kernel dequantisation of the MoE
+
+Each variant's logits are compared with the torch backend's on the same step (max |diff| / max |ref|
+and greedy-token agreement), so a fast variant that computes the wrong thing shows here. The floor
+of a decode step is the bytes it must read (weights this rank uses, experts the batch is expected to
+touch, the latent cache of every sequence; bench/decode_roofline.py's count) over the measured copy
+bandwidth. Medians of CUDA-event timings; prints a table and writes JSON.
+
+    python bench/engine_gpu_bench.py --model /tmp/k2w --batches 4,32,128 --ctx 8192 --out /tmp/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from k2bench.engine.attn_meta import AttentionMetadata
+from k2bench.engine.kernels import get_backend
+from k2bench.engine.loader import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_roofline import step_bytes, tensor_bytes  # noqa: E402
+
+BLOCK = 16
+
+
+def copy_bandwidth_gbs() -> float:
+    x = torch.randn(1 << 30, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        y.copy_(x)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del x, y
+    return 2 * (1 << 30) * 4 / statistics.median(times) / 1e9
+
+
+def cuda_time_ms(fn, reps: int, warmup: int = 2) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), times
+
+
+def decode_inputs(batch: int, ctx: int, num_blocks: int, vocab: int, gen: torch.Generator):
+    per_seq = -(-ctx // BLOCK)
+    blocks = torch.randperm(num_blocks, generator=gen)[: batch * per_seq].view(batch, per_seq)
+    pos = torch.full((batch,), ctx - 1, dtype=torch.int64)
+    slots = blocks[:, (ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK
+    meta = AttentionMetadata(
+        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int64).cuda(),
+        context_lens=torch.full((batch,), ctx, dtype=torch.int64).cuda(),
+        slot_mapping=slots.cuda(),
+        block_tables=blocks.cuda(),
+        block_size=BLOCK,
+    )
+    ids = torch.randint(0, vocab, (batch,), generator=gen).cuda()
+    return ids, pos.cuda(), meta
+
+
+def prefill_inputs(n: int, num_blocks: int, vocab: int, gen: torch.Generator):
+    nblk = -(-n // BLOCK)
+    blocks = torch.randperm(num_blocks, generator=gen)[:nblk].view(1, nblk)
+    pos = torch.arange(n, dtype=torch.int64)
+    slots = blocks[0, pos // BLOCK] * BLOCK + pos % BLOCK
+    meta = AttentionMetadata(
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int64).cuda(),
+        context_lens=torch.tensor([n], dtype=torch.int64).cuda(),
+        slot_mapping=slots.cuda(),
+        block_tables=blocks.cuda(),
+        block_size=BLOCK,
+    )
+    return torch.randint(0, vocab, (n,), generator=gen).cuda(), pos.cuda(), meta
+
+
+def make_backend(variant: str):
+    if variant == "torch":
+        return get_backend("torch", "cuda")
+    name, _, moe = variant.partition(":")
+    b = get_backend(name, "cuda")
+    if moe:
+        b.moe_variant = moe
+    return b
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--batches", default="4,32,128")
+    ap.add_argument("--ctx", type=int, default=8192, help="cached tokens per sequence in the decode steps")
+    ap.add_argument("--variants", default="torch,triton:dequant,triton:dot_scaled")
+    ap.add_argument("--prefill", type=int, default=8192, help="tokens of the timed one-sequence prefill (0: skip)")
+    ap.add_argument("--prefill-variants", default="torch,triton")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one triton step at the largest batch")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    variants = args.variants.split(",")
+
+    bw = copy_bandwidth_gbs()
+    t0 = time.perf_counter()
+    model, cfg = load_model(args.model, device="cuda", dtype=args.dtype, backend="torch")
+    load_s = time.perf_counter() - t0
+    print(f"copy bandwidth {bw:.0f} GB/s; model loaded in {load_s:.1f} s; quant mode {model.quant_mode}", flush=True)
+    cfg_json = json.loads((args.model / "config.json").read_text())
+    sizes = tensor_bytes(args.model)
+    num_blocks = max(batches) * -(-args.ctx // BLOCK) + 64
+    kv_dtype = model.embed_tokens.dtype
+    caches = [torch.randn(num_blocks, BLOCK, cfg.kv_cache_dim, device="cuda").to(kv_dtype)
+              for _ in range(cfg.num_hidden_layers)]
+    backends = {v: make_backend(v) for v in variants}
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+
+    def step(ids, pos, meta, last_only=False):
+        h = model(ids, pos, meta, caches)
+        return model.compute_logits(h[-1:] if last_only else h)
+
+    for batch in batches:
+        ids, pos, meta = decode_inputs(batch, args.ctx, num_blocks, cfg.vocab_size, gen)
+        b = step_bytes(sizes, cfg_json, 1, batch, args.ctx, kv_dtype.itemsize)
+        floor_ms = b["total"] / (bw * 1e9) * 1e3
+        ref = None
+        for v in variants:
+            model.par.backend = backends[v]
+            try:
+                logits = step(ids, pos, meta)
+                med, times = cuda_time_ms(lambda i=ids, p=pos, m=meta: step(i, p, m), args.reps)
+            except Exception as exc:  # noqa: BLE001 - a failing variant is a result, the others still run
+                print(f"B={batch} {v}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                rows.append({"kind": "decode", "batch": batch, "variant": v, "error": f"{type(exc).__name__}: {exc}"})
+                torch.cuda.empty_cache()
+                continue
+            if ref is None:
+                ref = logits
+            err = float((logits - ref).abs().max() / ref.abs().max())
+            agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+            row = {"kind": "decode", "batch": batch, "ctx": args.ctx, "variant": v, "step_ms": med,
+                   "step_ms_all": times, "tok_s": batch / med * 1e3, "floor_ms": floor_ms,
+                   "x_floor": med / floor_ms, "bytes_GB": b["total"] / 1e9, "kv_GB": b["kv"] / 1e9,
+                   "experts_touched": b["experts_touched"], "rel_err_vs_first": err, "argmax_agree": agree}
+            rows.append(row)
+            print(f"B={batch:>4} {v:<20} step {med:8.2f} ms  floor {floor_ms:6.2f} ms  x{med / floor_ms:6.1f}  "
+                  f"err {err:.2e}  agree {agree:.2f}", flush=True)
+            del logits
+        torch.cuda.empty_cache()
+
+    if args.prefill:
+        ids, pos, meta = prefill_inputs(args.prefill, num_blocks, cfg.vocab_size, gen)
+        ref = None
+        for v in args.prefill_variants.split(","):
+            model.par.backend = make_backend(v)
+            try:
+                logits = step(ids, pos, meta, last_only=True)
+                ref = logits if ref is None else ref
+                err = float((logits - ref).abs().max() / ref.abs().max())
+                med, times = cuda_time_ms(lambda i=ids, p=pos, m=meta: step(i, p, m, last_only=True), 3, warmup=1)
+            except Exception as exc:  # noqa: BLE001
+                print(f"prefill {v}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                rows.append({"kind": "prefill", "variant": v, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            rows.append({"kind": "prefill", "tokens": args.prefill, "variant": v, "ms": med, "ms_all": times,
+                         "tok_s": args.prefill / med * 1e3, "rel_err_vs_first": err})
+            print(f"prefill {args.prefill} tokens {v:<12} {med:9.1f} ms  {args.prefill / med * 1e3:9.0f} tok/s  "
+                  f"last-token logits err {err:.2e}", flush=True)
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        v = next(x for x in variants if x != "torch")
+        model.par.backend = backends[v]
+        ids, pos, meta = decode_inputs(max(batches), args.ctx, num_blocks, cfg.vocab_size, gen)
+        step(ids, pos, meta)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step(ids, pos, meta)
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        (args.out / "profile.txt").write_text(table)
+        print(table)
+
+    doc = {"bandwidth_gbs": bw, "model": str(args.model), "layers": cfg.num_hidden_layers, "load_s": load_s,
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    (args.out / "engine_gpu_bench.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The bundled engine's kernels on one GPU, in one device call: GPU tests, then every decode / prefill
+# variant of bench/engine_gpu_bench.py (timed and checked against the torch backend) on a
+# Kimi-K2.5-width MXFP4 checkpoint with $LAYERS layers (layer 0 dense, the rest MoE) written on the GPU.
+#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 bash bench/gpu_engine.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/k2bench-gpu}
+LAYERS=${LAYERS:-2}
+BATCHES=${BATCHES:-4,32,128}
+CTX=${CTX:-8192}
+VARIANTS=${VARIANTS:-torch,triton:dequant,triton:dot_scaled}
+CKPT=/tmp/k2-width-$LAYERS
+. bench/gpu_setup.sh
+
+log "gpu tests"
+timeout 150 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
+tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
+
+log "checkpoint: kimi-k2-width, $LAYERS layers"
+[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+
+log "bench: batches $BATCHES at ctx $CTX, variants $VARIANTS"
+python3 bench/engine_gpu_bench.py --model "$CKPT" --batches "$BATCHES" --ctx "$CTX" --variants "$VARIANTS" \
+  --profile --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -80
+log "done"

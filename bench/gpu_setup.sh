@@ -1,0 +1,17 @@
+# Sourced by the bench/gpu_*.sh device scripts: installs k2bench into the device image (which has
+# torch, triton and numpy but lacks some harness dependencies, carried as wheels in .whl/), sets the
+# NCCL switches the lent multi-GPU hosts need, and defines `log`. Needs $OUT.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+T0=$(date +%s)
+mkdir -p "$OUT"
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q -e . --no-deps --no-build-isolation >/tmp/k2bench-install.log 2>&1 \
+  || { log "install failed"; tail /tmp/k2bench-install.log; exit 1; }
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee -a "$OUT/run.log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/run.log"
+# The GPU tests of the engine (files named so that pytest never collects modules that need the
+# dev-only extras the image lacks).
+GPU_TESTS="tests/engine/test_model_gpu.py tests/engine/test_triton_backend.py tests/engine/test_triton_moe.py tests/engine/test_triton_attention.py"
