@@ -152,7 +152,7 @@ def main() -> int:
         floor_ms = b["total"] / (bw * 1e9) * 1e3
         ref = None
         for v in variants:
-            model.par.backend = backends[v]
+            object.__setattr__(model.par, "backend", backends[v])  # Parallel is frozen; every layer shares it
             try:
                 logits = step(ids, pos, meta)
                 med, times = cuda_time_ms(lambda i=ids, p=pos, m=meta: step(i, p, m), args.reps)
@@ -179,7 +179,7 @@ def main() -> int:
         ids, pos, meta = prefill_inputs(args.prefill, num_blocks, cfg.vocab_size, gen)
         ref = None
         for v in args.prefill_variants.split(","):
-            model.par.backend = make_backend(v)
+            object.__setattr__(model.par, "backend", make_backend(v))
             try:
                 logits = step(ids, pos, meta, last_only=True)
                 ref = logits if ref is None else ref
@@ -198,7 +198,7 @@ def main() -> int:
         from torch.profiler import ProfilerActivity, profile
 
         v = next(x for x in variants if x != "torch")
-        model.par.backend = backends[v]
+        object.__setattr__(model.par, "backend", backends[v])  # Parallel is frozen; every layer shares it
         ids, pos, meta = decode_inputs(max(batches), args.ctx, num_blocks, cfg.vocab_size, gen)
         step(ids, pos, meta)
         torch.cuda.synchronize()

@@ -207,3 +207,43 @@ def tp_worker(rank: int, world: int, port: int, jobs: list, out_path: str) -> No
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def bf16_activation_reference(device: str = "cpu"):
+    """The torch backend with the triton backend's W4 numerics: activations rounded to bf16 before each
+    MXFP4 matmul, and an expert's silu(gate) * up rounded to bf16 before its down projection.
+
+    The triton W4 kernels feed bf16 activations (the tensor cores' input format), while the torch
+    backend keeps float32 activations; on the random tiny model that difference alone moves logits
+    by ~20%, so the triton W4 path is checked against this reference instead (plain PyTorch, a
+    per-token loop over each token's experts)."""
+    import torch.nn.functional as F
+    from k2bench.engine.kernels.torch_backend import TorchBackend
+    from k2bench.engine.mxfp4 import dequantize_mxfp4
+
+    def bf16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).to(t.dtype)
+
+    class Bf16ActivationReference(TorchBackend):
+        name = "torch-bf16-activations"
+
+        def linear(self, x, weight, weight_scale, *, a4w4=False):
+            if weight_scale is None or a4w4:
+                return super().linear(x, weight, weight_scale, a4w4=a4w4)
+            return F.linear(bf16(x), dequantize_mxfp4(weight, weight_scale, x.dtype))
+
+        def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+            if w13_scale is None or a4w4:
+                return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            for t in range(x.shape[0]):
+                for j in range(topk_ids.shape[1]):
+                    e = int(topk_ids[t, j])
+                    h = F.linear(bf16(x[t : t + 1]), dequantize_mxfp4(w13[e], w13_scale[e], x.dtype))
+                    gate, up = h.chunk(2, dim=-1)
+                    h = bf16(F.silu(gate) * up)
+                    y = F.linear(h, dequantize_mxfp4(w2[e], w2_scale[e], x.dtype))
+                    out[t] += float(topk_weights[t, j]) * y[0].float()
+            return out.to(x.dtype)
+
+    return Bf16ActivationReference(device)

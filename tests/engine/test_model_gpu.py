@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import PagedDriver
+from model_helpers import PagedDriver, bf16_activation_reference
 
 pytestmark = [pytest.mark.engine, pytest.mark.gpu]
 
@@ -26,7 +26,10 @@ def tiny(tmp_path_factory):
 def _run(d, device, backend="torch", quant_mode="auto"):
     from k2bench.engine.loader import load_model
 
-    model, cfg = load_model(d, device=device, dtype="float32", backend=backend, quant_mode=quant_mode)
+    model, cfg = load_model(d, device=device, dtype="float32", backend="torch" if backend == "ref" else backend,
+                            quant_mode=quant_mode)
+    if backend == "ref":  # the torch backend with bf16 activations into the MXFP4 matmuls
+        object.__setattr__(model.par, "backend", bf16_activation_reference(device))
     logits = PagedDriver(model, cfg, device=device).prefill_all_logits(0, PROMPTS[0])
     tokens = PagedDriver(model, cfg, device=device, seed=3).greedy(PROMPTS, 8, chunk=4)
     return logits, tokens
@@ -42,10 +45,9 @@ def test_cuda_matches_cpu_torch_backend(tiny, quant):
 
 @pytest.mark.parametrize("mode", ["a4w4", "w4"])
 def test_triton_backend_on_cuda(tiny, mode):
-    ref_logits, ref_tokens = _run(tiny["mxfp4"], "cuda", "torch", mode)
+    # A4W4: FP4 x FP4 products are exact, so only summation order differs from the torch backend.
+    # W4: the triton kernels take bf16 activations, so the reference rounds them the same way.
+    ref_logits, ref_tokens = _run(tiny["mxfp4"], "cuda", "torch" if mode == "a4w4" else "ref", mode)
     logits, tokens = _run(tiny["mxfp4"], "cuda", "triton", mode)
-    if mode == "a4w4":  # FP4 x FP4 products are exact: only summation order differs
-        assert tokens == ref_tokens
-        torch.testing.assert_close(logits, ref_logits, atol=1e-3, rtol=1e-3)
-    else:  # W4 feeds bf16 activations to dot_scaled
-        assert (logits - ref_logits).abs().max() < 0.05 * ref_logits.abs().max()
+    assert tokens == ref_tokens
+    torch.testing.assert_close(logits, ref_logits, atol=2e-3 * float(ref_logits.abs().max()), rtol=2e-3)

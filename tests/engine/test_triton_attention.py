@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,14 @@ def test_mla_decode_on_cuda_against_torch_backend():
         for ns in (None, 1, 4):
             out = mla_decode(q_lat, q_pe, cache, tables.cuda(), lens.cuda(), scale, num_splits=ns).float()
             assert float((out - ref).abs().max()) < 3e-2 * float(ref.abs().max())
+    # compiled above: a call must not synchronise with the host (it runs inside CUDA graphs)
+    t_dev, l_dev = tables.cuda(), lens.cuda()
+    torch.cuda.synchronize()
+    try:
+        with warnings.catch_warnings():  # torch notes that the sync check is a prototype feature
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
+        for ns in (None, 1, 4):
+            mla_decode(q_lat, q_pe, cache, t_dev, l_dev, scale, num_splits=ns)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -55,6 +55,16 @@ out["model_logits_scale"] = float(res["torch"]["logits"].abs().max())
 out["tokens"] = [res["torch"]["tokens"], res["triton"]["tokens"]]
 out["modes"] = [res["torch"]["mode"], res["triton"]["mode"]]
 out["backend_name"] = get_backend("triton", "cpu").name
+# W4: triton feeds bf16 activations; the like-for-like reference rounds them the same way
+from model_helpers import bf16_activation_reference
+w4 = {}
+for backend in ("ref", "triton"):
+    model, cfg = load_model(d, dtype="float32", backend="torch" if backend == "ref" else backend, quant_mode="w4")
+    if backend == "ref":
+        object.__setattr__(model.par, "backend", bf16_activation_reference())
+    w4[backend] = PagedDriver(model, cfg).prefill_all_logits(0, prompts[0])
+out["w4_err"] = float((w4["ref"] - w4["triton"]).abs().max())
+out["w4_scale"] = float(w4["ref"].abs().max())
 print("RESULT" + json.dumps(out))
 """
 
@@ -74,6 +84,7 @@ def test_triton_mxfp4_gemm_and_model_under_interpreter(tmp_path):
     assert out["backend_name"] == "triton"
     assert out["model_logits_err"] < 1e-4 * max(1.0, out["model_logits_scale"])
     assert out["tokens"][0] == out["tokens"][1]
+    assert out["w4_err"] < 2e-3 * out["w4_scale"], out
 
 
 def test_triton_backend_refuses_cpu_without_interpreter(monkeypatch):
