@@ -100,6 +100,36 @@ def prefill_inputs(n: int, num_blocks: int, vocab: int, gen: torch.Generator):
     return torch.randint(0, vocab, (n,), generator=gen).cuda(), pos.cuda(), meta
 
 
+def float32_check(model_dir: Path, variants: list[str], gen: torch.Generator, ctx: int = 1024, batch: int = 4,
+                  prompt: int = 512) -> list[dict]:
+    """Every variant against the torch backend with the model in float32, one decode step and one prefill.
+
+    In bf16 the variants' rounding differs (and a random router flips experts on tiny differences),
+    so the bf16 timing rows only show how far apart they land; this is the correctness check: in
+    float32 (A4W4's FP4 products are exact) only summation order separates the backends."""
+    model, cfg = load_model(model_dir, device="cuda", dtype="float32", backend="torch")
+    num_blocks = batch * -(-ctx // BLOCK) + -(-prompt // BLOCK) + 8
+    caches = [torch.randn(num_blocks, BLOCK, cfg.kv_cache_dim, device="cuda") for _ in range(cfg.num_hidden_layers)]
+    cases = {"decode": decode_inputs(batch, ctx, num_blocks, cfg.vocab_size, gen),
+             "prefill": prefill_inputs(prompt, num_blocks, cfg.vocab_size, gen)}
+    rows = []
+    for kind, (ids, pos, meta) in cases.items():
+        ref = None
+        for v in variants:
+            object.__setattr__(model.par, "backend", make_backend(v))
+            snapshot = [c.clone() for c in caches]  # each variant sees the same cache
+            h = model(ids, pos, meta, snapshot)
+            logits = model.compute_logits(h if kind == "decode" else h[-1:])
+            ref = logits if ref is None else ref
+            err = float((logits - ref).abs().max() / ref.abs().max())
+            agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+            rows.append({"kind": f"float32_check_{kind}", "variant": v, "rel_err_vs_first": err, "argmax_agree": agree})
+            print(f"float32 check {kind:<8} {v:<20} rel err {err:.2e}  argmax agree {agree:.2f}", flush=True)
+    del model, caches
+    torch.cuda.empty_cache()
+    return rows
+
+
 def make_backend(variant: str):
     if variant == "torch":
         return get_backend("torch", "cuda")
@@ -120,6 +150,7 @@ def main() -> int:
     ap.add_argument("--prefill-variants", default="torch,triton")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-check", dest="check", action="store_false", help="skip the float32 correctness check")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one triton step at the largest batch")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -128,6 +159,8 @@ def main() -> int:
     variants = args.variants.split(",")
 
     bw = copy_bandwidth_gbs()
+    gen = torch.Generator().manual_seed(0)
+    rows = float32_check(args.model, variants, gen) if args.check else []
     t0 = time.perf_counter()
     model, cfg = load_model(args.model, device="cuda", dtype=args.dtype, backend="torch")
     load_s = time.perf_counter() - t0
@@ -139,8 +172,6 @@ def main() -> int:
     caches = [torch.randn(num_blocks, BLOCK, cfg.kv_cache_dim, device="cuda").to(kv_dtype)
               for _ in range(cfg.num_hidden_layers)]
     backends = {v: make_backend(v) for v in variants}
-    gen = torch.Generator().manual_seed(0)
-    rows = []
 
     def step(ids, pos, meta, last_only=False):
         h = model(ids, pos, meta, caches)
@@ -207,7 +238,7 @@ def main() -> int:
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (args.out / "profile.txt").write_text(table)
-        print(table)
+        print(f"profile of one {v} step at B={max(batches)}: {args.out / 'profile.txt'}")
 
     doc = {"bandwidth_gbs": bw, "model": str(args.model), "layers": cfg.num_hidden_layers, "load_s": load_s,
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}

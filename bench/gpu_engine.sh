@@ -2,7 +2,7 @@
 # The bundled engine's kernels on one GPU, in one device call: GPU tests, then every decode / prefill
 # variant of bench/engine_gpu_bench.py (timed and checked against the torch backend) on a
 # Kimi-K2.5-width MXFP4 checkpoint with $LAYERS layers (layer 0 dense, the rest MoE) written on the GPU.
-#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 bash bench/gpu_engine.sh
+#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=0] [TUNE=1 TUNE_TP=2] bash bench/gpu_engine.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
@@ -12,9 +12,15 @@ VARIANTS=${VARIANTS:-torch,triton:dequant,triton:dot_scaled}
 CKPT=/tmp/k2-width-$LAYERS
 . bench/gpu_setup.sh
 
+if [ "${TESTS:-1}" = 1 ]; then
 log "gpu tests"
 timeout 150 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
 tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
+fi
+if [ "${TUNE:-0}" = 1 ]; then
+  log "kernel tiles at tp ${TUNE_TP:-2}"
+  python3 bench/engine_kernel_tune.py --tp "${TUNE_TP:-2}" --out "$OUT" 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
+fi
 
 log "checkpoint: kimi-k2-width, $LAYERS layers"
 [ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1

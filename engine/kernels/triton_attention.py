@@ -177,6 +177,7 @@ def mla_decode(
     block_n: int = BLOCK_N,
     num_warps: int = NUM_WARPS,
     num_stages: int | None = None,
+    block_h: int = BLOCK_H,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
@@ -184,7 +185,8 @@ def mla_decode(
     [B, max_blocks] physical block ids (padding past a sequence's blocks is never read);
     context_lens [B] >= 1 tokens each. r and p must be powers of two (512 and 64 in DeepSeek-V3).
     num_splits: context slices per sequence (None: `default_num_splits`); block_n, num_warps and
-    num_stages tune stage 1 (not yet measured on a GPU: the defaults are a first guess).
+    num_stages tune stage 1 (not yet measured on a GPU: the defaults are a first guess); block_h is
+    the heads per program (16, 32 or 64: fewer re-reads of the cache, a larger accumulator).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -209,12 +211,12 @@ def mla_decode(
             sms = _sm_count(torch.cuda.current_device() if idx is None else idx)
         else:
             sms = DEFAULT_SMS
-        num_splits = default_num_splits(B, H, max_blocks, page, num_sms=sms)
+        num_splits = default_num_splits(B, H, max_blocks, page, num_sms=sms, block_h=block_h)
     num_splits = max(1, int(num_splits))
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
-    grid = (triton.cdiv(H, BLOCK_H), B, num_splits)
-    common = dict(R=r, P=p, PAGE=page, BLOCK_H=BLOCK_H, BLOCK_N=block_n, F32=f32_dots, num_warps=num_warps)
+    grid = (triton.cdiv(H, block_h), B, num_splits)
+    common = dict(R=r, P=p, PAGE=page, BLOCK_H=block_h, BLOCK_N=block_n, F32=f32_dots, num_warps=num_warps)
     if num_stages is not None:
         common["num_stages"] = num_stages
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)

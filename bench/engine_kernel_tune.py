@@ -1,0 +1,159 @@
+"""Tile configurations of the triton backend's kernels at Kimi-K2.5 width, timed alone on one GPU.
+
+- fused MXFP4 MoE (`triton_moe.fused_moe_mxfp4`): E=384 experts of H=7168 x L (2048/tp), top 8,
+  A4W4 numerics, for decode-sized and prefill-sized token counts; both in-kernel dequantisations
+- paged MLA decode (`triton_attention.mla_decode`): r=512, rope 64, block 16, 8k contexts, the
+  per-rank head counts of TP 2 and 4
+- dense MXFP4 GEMM in A4W4: FP4 x FP4 through `dot_scaled`, against quantise-dequantise of the
+  activations to bf16 and the bf16 x FP4 form (the same exact products)
+
+Each row: median of CUDA-event timings and the bytes the call must read over the measured copy
+bandwidth (x floor). Prints a table per kernel and writes kernel_tune.json.
+
+    python bench/engine_kernel_tune.py --tp 2 --out /tmp/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from k2bench.engine.kernels.triton_attention import mla_decode
+from k2bench.engine.kernels.triton_backend import mxfp4_matmul
+from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
+from k2bench.engine.mxfp4 import fake_quantize_mxfp4
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
+
+E, H, TOPK, R, P, PAGE = 384, 7168, 8, 512, 64, 16
+MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages)
+    ("dequant", 64, 4, None), ("dot_scaled", 64, 4, None),
+    ("dequant", 128, 4, 3), ("dot_scaled", 128, 4, 3),
+    ("dequant", 128, 8, 3), ("dot_scaled", 128, 8, 3),
+    ("dequant", 64, 8, 4), ("dot_scaled", 64, 8, 4),
+    ("dequant", 32, 4, 4), ("dot_scaled", 32, 4, 4),
+]
+ATTN_CONFIGS = [  # (block_h, block_n, num_warps)
+    (16, 32, 4), (16, 64, 4), (16, 16, 4), (32, 32, 8), (32, 16, 4), (64, 16, 8), (32, 64, 8),
+]
+
+
+def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed E2M1 bytes and E8M0 scales near 2^-7 (weights of a few hundredths)."""
+    w = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), dtype=torch.uint8, device="cuda")
+    s = torch.randint(118, 122, (*shape[:-1], shape[-1] // 32), dtype=torch.uint8, device="cuda")
+    return w, s
+
+
+def tune_moe(tp: int, bw: float, tokens: list[int], reps: int) -> list[dict]:
+    L = 2048 // tp
+    w13, s13 = random_mxfp4(E, 2 * L, H)
+    w2, s2 = random_mxfp4(E, H, L)
+    expert_bytes = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
+    rows = []
+    for T in tokens:
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(T, E, device="cuda")
+        wts, ids = logits.softmax(-1).topk(TOPK, dim=-1)
+        touched = int(torch.unique(ids).numel())
+        floor_ms = touched * expert_bytes / (bw * 1e9) * 1e3
+        ref = None
+        for variant, bn, warps, stages in MOE_CONFIGS:
+            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages)
+            try:
+                out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw)
+                med, _ = cuda_time_ms(lambda kw=kw, x=x, ids=ids, wts=wts: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result
+                rows.append({"kernel": "moe", "tp": tp, "T": T, "config": [variant, bn, warps, stages], "error": str(exc)[:200]})
+                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages}: FAILED {str(exc)[:80]}", flush=True)
+                continue
+            ref = out.float() if ref is None else ref
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            rows.append({"kernel": "moe", "tp": tp, "T": T, "config": [variant, bn, warps, stages], "ms": med,
+                         "floor_ms": floor_ms, "x_floor": med / floor_ms, "experts_touched": touched, "diff_vs_first": err})
+            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+                  f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
+    return rows
+
+
+def tune_attention(heads: int, bw: float, batches: list[int], ctx: int, reps: int) -> list[dict]:
+    rows = []
+    per_seq = ctx // PAGE
+    num_blocks = max(batches) * per_seq + 1
+    cache = torch.randn(num_blocks, PAGE, R + P, device="cuda", dtype=torch.bfloat16)
+    for B in batches:
+        tables = torch.randperm(num_blocks - 1, device="cuda")[: B * per_seq].view(B, per_seq) + 1
+        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int64)
+        q_lat = torch.randn(B, heads, R, device="cuda", dtype=torch.bfloat16)
+        q_pe = torch.randn(B, heads, P, device="cuda", dtype=torch.bfloat16)
+        floor_ms = B * ctx * (R + P) * 2 / (bw * 1e9) * 1e3
+        ref = None
+        for bh, bn, warps in ATTN_CONFIGS:
+            kw = dict(block_h=bh, block_n=bn, num_warps=warps)
+            try:
+                out = mla_decode(q_lat, q_pe, cache, tables, lens, 0.07, **kw)
+                med, _ = cuda_time_ms(lambda kw=kw, a=q_lat, b=q_pe, t=tables, n=lens: mla_decode(a, b, cache, t, n, 0.07, **kw), reps)
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "config": [bh, bn, warps], "error": str(exc)[:200]})
+                print(f"mla H={heads} B={B:>4} bh={bh} bn={bn} w={warps}: FAILED {str(exc)[:80]}", flush=True)
+                continue
+            ref = out.float() if ref is None else ref
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "ctx": ctx, "config": [bh, bn, warps], "ms": med,
+                         "floor_ms": floor_ms, "x_floor": med / floor_ms, "diff_vs_first": err})
+            print(f"mla H={heads} B={B:>4} bh={bh:<2} bn={bn:<2} w={warps}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+                  f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
+    return rows
+
+
+def tune_gemm(bw: float, shapes: list[tuple[int, int, int]], reps: int) -> list[dict]:
+    rows = []
+    for m, n, k in shapes:
+        w, s = random_mxfp4(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        floor_ms = (w.numel() + s.numel()) / (bw * 1e9) * 1e3
+        forms = {
+            "fp4 x fp4 (dot_scaled)": lambda x=x, w=w, s=s: mxfp4_matmul(x, w, s, a4w4=True),
+            "fake-quant bf16 x fp4": lambda x=x, w=w, s=s: mxfp4_matmul(fake_quantize_mxfp4(x).to(torch.bfloat16), w, s, a4w4=False),
+        }
+        ref = None
+        for name, fn in forms.items():
+            out = fn().float()
+            ref = out if ref is None else ref
+            med, _ = cuda_time_ms(fn, reps)
+            err = float((out - ref).abs().max() / ref.abs().max())
+            rows.append({"kernel": "gemm", "shape": [m, n, k], "form": name, "ms": med, "floor_ms": floor_ms,
+                         "x_floor": med / floor_ms, "diff_vs_first": err})
+            print(f"gemm {m}x{n}x{k} {name:<24}: {med:8.3f} ms  floor {floor_ms:6.3f}  x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--moe-tokens", default="4,128,8192")
+    ap.add_argument("--batches", default="4,32,128")
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bw = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    rows = tune_moe(args.tp, bw, [int(t) for t in args.moe_tokens.split(",")], args.reps)
+    batches = [int(b) for b in args.batches.split(",")]
+    for heads in sorted({64 // args.tp, 16}, reverse=True):
+        rows += tune_attention(heads, bw, batches, args.ctx, args.reps)
+    inter = 18432 // args.tp
+    rows += tune_gemm(bw, [(4, 2 * inter, H), (128, 2 * inter, H), (4, H, inter), (8192, 2 * inter, H)], args.reps)
+    doc = {"bandwidth_gbs": bw, "tp": args.tp, "device": torch.cuda.get_device_name(), "rows": rows}
+    (args.out / "kernel_tune.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
