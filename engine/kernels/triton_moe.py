@@ -43,7 +43,9 @@ import triton.language as tl
 from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4
 
 VARIANTS = ("dequant", "dot_scaled")
-DEFAULT_VARIANT = "dequant"
+# bench/engine_kernel_tune.py on an H200 (triton 3.6, TP 2 widths, A4W4): dot_scaled was 5-14% faster
+# than the explicit dequantisation at 4, 128 and 8192 tokens with the default tiles.
+DEFAULT_VARIANT = "dot_scaled"
 
 
 @dataclass(frozen=True)
