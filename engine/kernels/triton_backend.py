@@ -206,6 +206,10 @@ class TritonBackend(TorchBackend):
         rows = meta.cu_seqlens_q[seqs].to(torch.long)
         return TritonPlan(prefills, rows, tables[seqs], meta.context_lens[seqs])
 
+    def decode_plan(self, meta: AttentionMetadata) -> TritonPlan:
+        """The plan of a step where every sequence brings one token, from tensors only (no host sync)."""
+        return TritonPlan([], None, meta.block_tables, meta.context_lens)
+
     def mla(self, q_nope, q_pe, kv_cache, plan, scale, w_uk, w_uv):
         """Prefill chunks expanded through flash SDPA; decodes absorbed, in the paged split-KV kernel."""
         if not isinstance(plan, TritonPlan):

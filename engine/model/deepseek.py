@@ -85,9 +85,12 @@ class DeepseekV3ForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[torch.Tensor],
+        plan=None,
     ) -> torch.Tensor:
+        """`plan`: a prebuilt attention plan (CUDA-graph decode); None builds it from `meta`."""
         x = F.embedding(input_ids, self.embed_tokens)
-        plan = self.par.backend.plan_attention(meta, self.cfg.kv_cache_dim)
+        if plan is None:
+            plan = self.par.backend.plan_attention(meta, self.cfg.kv_cache_dim)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, positions, meta, cache, plan)
         return self.norm(x)
