@@ -20,6 +20,7 @@ bandwidth. Medians of CUDA-event timings; prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -71,7 +72,7 @@ def cuda_time_ms(fn, reps: int, warmup: int = 2) -> tuple[float, list[float]]:
 
 def decode_inputs(batch: int, ctx: int, num_blocks: int, vocab: int, gen: torch.Generator):
     per_seq = -(-ctx // BLOCK)
-    blocks = torch.randperm(num_blocks, generator=gen)[: batch * per_seq].view(batch, per_seq)
+    blocks = torch.randperm(num_blocks - 1, generator=gen)[: batch * per_seq].view(batch, per_seq)  # never the last
     pos = torch.full((batch,), ctx - 1, dtype=torch.int64)
     slots = blocks[:, (ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK
     meta = AttentionMetadata(
@@ -131,13 +132,26 @@ def float32_check(model_dir: Path, variants: list[str], gen: torch.Generator, ct
 
 
 def make_backend(variant: str):
+    """`torch`, `triton`, `triton:<moe variant>`, or `triton:graphs` (the triton backend, replayed)."""
     if variant == "torch":
         return get_backend("torch", "cuda")
     name, _, moe = variant.partition(":")
     b = get_backend(name, "cuda")
-    if moe:
+    if moe and moe != "graphs":
         b.moe_variant = moe
     return b
+
+
+def graph_step(model, caches, batch: int, ctx: int, num_blocks: int, ids, pos, meta):
+    """A decode step of `batch` replayed from a CUDA graph (engine.cuda_graphs), on the bench's caches:
+    the last cache block is the scratch block (decode_inputs never hands it out)."""
+    from k2bench.engine.cuda_graphs import DecodeGraphs
+
+    graphs = DecodeGraphs(model, caches, scratch_block=num_blocks - 1, block_size=BLOCK,
+                          max_blocks=meta.block_tables.shape[1], max_batch=batch, device=torch.device("cuda"),
+                          buckets=[batch])
+    graphs.capture()
+    return lambda: graphs.run(ids, pos, meta.slot_mapping, meta.context_lens, meta.block_tables)
 
 
 def main() -> int:
@@ -145,7 +159,7 @@ def main() -> int:
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--batches", default="4,32,128")
     ap.add_argument("--ctx", type=int, default=8192, help="cached tokens per sequence in the decode steps")
-    ap.add_argument("--variants", default="torch,triton:dequant,triton:dot_scaled")
+    ap.add_argument("--variants", default="torch,triton,triton:graphs")
     ap.add_argument("--prefill", type=int, default=8192, help="tokens of the timed one-sequence prefill (0: skip)")
     ap.add_argument("--prefill-variants", default="torch,triton")
     ap.add_argument("--reps", type=int, default=10)
@@ -185,8 +199,12 @@ def main() -> int:
         for v in variants:
             object.__setattr__(model.par, "backend", backends[v])  # Parallel is frozen; every layer shares it
             try:
-                logits = step(ids, pos, meta)
-                med, times = cuda_time_ms(lambda i=ids, p=pos, m=meta: step(i, p, m), args.reps)
+                if v.endswith(":graphs"):
+                    fn = graph_step(model, caches, batch, args.ctx, num_blocks, ids, pos, meta)
+                else:
+                    fn = functools.partial(step, ids, pos, meta)
+                logits = fn().clone()
+                med, times = cuda_time_ms(fn, args.reps)
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result, the others still run
                 print(f"B={batch} {v}: FAILED {type(exc).__name__}: {exc}", flush=True)
                 rows.append({"kind": "decode", "batch": batch, "variant": v, "error": f"{type(exc).__name__}: {exc}"})

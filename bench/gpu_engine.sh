@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
 BATCHES=${BATCHES:-4,32,128}
 CTX=${CTX:-8192}
-VARIANTS=${VARIANTS:-torch,triton:dequant,triton:dot_scaled}
+VARIANTS=${VARIANTS:-torch,triton,triton:graphs}
 CKPT=/tmp/k2-width-$LAYERS
 . bench/gpu_setup.sh
 

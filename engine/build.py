@@ -50,9 +50,9 @@ def resolve_device(device: str, tp: int) -> str:
 
 
 def make_runner(model, cfg, *, num_blocks: int, block_size: int, kv_code: int, max_model_len: int,
-                max_rows: int, device: str) -> ModelRunner:
+                max_rows: int, device: str, cuda_graphs: bool = False) -> ModelRunner:
     return ModelRunner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_dtype=KV_DTYPES[kv_code],
-                       max_model_len=max_model_len, max_rows=max_rows, device=device)
+                       max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=cuda_graphs)
 
 
 def _mem_available() -> int:
@@ -129,14 +129,17 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
             workers.shutdown_hard()
         raise
     if workers is not None:
-        workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype]])
+        workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype],
+                                int(rt.cuda_graphs)])
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=rt.block_size, kv_code=KV_CODES[kv_dtype],
-                         max_model_len=max_model_len, max_rows=rt.max_num_seqs, device=rank_dev)
+                         max_model_len=max_model_len, max_rows=rt.max_num_seqs, device=rank_dev,
+                         cuda_graphs=rt.cuda_graphs)
     eos = getattr(cfg, "eos_token_ids", None) or cfg.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     sched = Scheduler(rt, BlockManager(num_blocks, rt.block_size), eos_token_ids=eos_ids)
-    log.info("engine ready: %s, tp %d, %d KV blocks of %d (%s), max_model_len %d, pid %d", device, opts.tp,
-             num_blocks, rt.block_size, kv_dtype, max_model_len, os.getpid())
+    log.info("engine ready: %s, tp %d, %d KV blocks of %d (%s), max_model_len %d, %s, pid %d", device, opts.tp,
+             num_blocks, rt.block_size, kv_dtype, max_model_len,
+             "decode CUDA graphs" if runner.graphs is not None else "eager", os.getpid())
     engine = LLMEngine(runner, sched, comm=workers)
     engine.model_config = cfg
     return engine

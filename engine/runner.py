@@ -68,17 +68,26 @@ class ModelRunner:
     """Owns the model and the per-layer latent KV caches of one rank."""
 
     def __init__(self, model, cfg, *, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
-                 max_model_len: int, max_rows: int, device: torch.device | str = "cpu"):
+                 max_model_len: int, max_rows: int, device: torch.device | str = "cpu", cuda_graphs: bool = False):
         self.model = model
         self.cfg = cfg
         self.device = torch.device(device)
         self.block_size = block_size
         self.num_blocks = num_blocks
+        graphs = cuda_graphs and self.device.type == "cuda" and hasattr(model.par.backend, "decode_plan")
+        # with graphs, one scratch block past the block manager's takes the padding rows' writes
         self.kv_caches = [
-            torch.zeros(num_blocks, block_size, cfg.kv_cache_dim, dtype=kv_dtype, device=self.device)
+            torch.zeros(num_blocks + int(graphs), block_size, cfg.kv_cache_dim, dtype=kv_dtype, device=self.device)
             for _ in range(cfg.num_hidden_layers)
         ]
         self.max_blocks = blocks_for(max_model_len, block_size)
+        self.graphs = None
+        if graphs:
+            from k2bench.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, self.kv_caches, scratch_block=num_blocks, block_size=block_size,
+                                       max_blocks=self.max_blocks, max_batch=max_rows, device=self.device)
+            self.graphs.capture()
         # Persistent block tables on the host (rank 0 only): row r belongs to one running sequence.
         self._bt = torch.zeros(max_rows, self.max_blocks, dtype=torch.int64)
         self._free_rows = list(range(max_rows - 1, -1, -1))
@@ -157,6 +166,11 @@ class ModelRunner:
     def execute(self, inp: StepInputs) -> torch.Tensor | None:
         """Logits [n, vocab] (float32) for the sampled rows, or None when no row samples."""
         dev = self.device
+        n = inp.input_ids.numel()
+        if self.graphs is not None and n == inp.context_lens.numel() == inp.sample_idx.numel() \
+                and self.graphs.bucket(n) is not None:  # pure decode, every row sampled
+            return self.graphs.run(*(t.to(dev, non_blocking=True) for t in (
+                inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables)))
         if dev.type != "cpu":
             inp = StepInputs(*(t.to(dev, non_blocking=True) for t in (
                 inp.input_ids, inp.positions, inp.cu_seqlens, inp.context_lens,

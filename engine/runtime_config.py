@@ -18,6 +18,7 @@ class RuntimeConfig:
     kv_cache_dtype: str = "auto"  # auto: bf16 for bf16 models, else the model dtype; fp8 = float8_e4m3fn storage
     scheduler_delay_factor: float = 0.0
     kv_watermark: float = 0.01  # fraction of blocks kept free when admitting new (not preempted) requests
+    cuda_graphs: bool = True  # replay captured decode steps on CUDA with the triton backend (--enforce-eager: off)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

@@ -14,12 +14,14 @@ A backend is an object with the ops the model calls:
 - `mla_attention(q_lat, q_pe, kv_cache, plan, scale, kv_lora_rank)`: attention of the new tokens over
   the paged latent cache (absorbed MLA form), returns the latent output [T, H, kv_lora_rank].
 
-`auto` picks the torch backend on every device until a faster backend has been validated there.
+`auto` picks triton on CUDA (validated on an H200 against the torch backend: tests/engine/*gpu*,
+bench/engine_gpu_bench.py) and torch everywhere else.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 # name -> "module:Class"; modules are imported only when the backend is asked for.
@@ -40,7 +42,7 @@ def backend_names() -> list[str]:
 
 def resolve_backend_name(name: str, device: str) -> str:
     if name == "auto":
-        return "torch"
+        return "triton" if device == "cuda" and importlib.util.find_spec("triton") is not None else "torch"
     if name not in BACKENDS:
         raise BackendError(f"unknown kernel backend {name!r}; valid: {', '.join(backend_names())}")
     return name

@@ -28,7 +28,7 @@ from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
-from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
+from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
 from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4, quantize_mxfp4
 from torch.nn.attention.bias import causal_lower_right
 
@@ -36,11 +36,14 @@ from torch.nn.attention.bias import causal_lower_right
 @triton.jit
 def _mxfp4_gemm(
     x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
-    M, N, K,
-    s_xm, s_xk, s_xsm, s_xsk, s_wn, s_wk, s_wsn, s_wsk, s_ym, s_yn,
-    A_FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    M, N, K, K_SPLIT,
+    s_xm, s_xk, s_xsm, s_xsk, s_wn, s_wk, s_wsn, s_wsk, s_ym, s_yn, s_ys,
+    A_FP4: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    """y[M, N] = x[M, K] @ dequant(w)[N, K]^T; w packed [N, K/2] (low nibble first), scales [N, K/32]."""
+    """y[M, N] = x[M, K] @ dequant(w)[N, K]^T; w packed [N, K/2] (low nibble first), scales [N, K/32].
+
+    SPLIT: program axis 2 sums only K_SPLIT of K (whole BK tiles) into float32 partials y[slice].
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -48,7 +51,14 @@ def _mxfp4_gemm(
     m_ok = rm < M
     n_ok = rn < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        y_ptr += tl.program_id(2) * s_ys
+    else:
+        k_lo = 0
+        k_hi = K
+    for k0 in range(k_lo, k_hi, BK):
         rk2 = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
         # weights as the rhs [K/2, N] (packed along K) with scales [N, K/32], as dot_scaled wants them
@@ -83,8 +93,31 @@ def native_fp4(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (10, 0)
 
 
-def mxfp4_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool) -> torch.Tensor:
-    """x [..., K] @ MXFP4 weight [N, K/2] (+ scales [N, K/32])^T -> [..., N] in x's dtype."""
+# auto split-K only for decode-sized M: prefill launches already have programs to spare
+GEMM_SPLIT_MAX_M = 64
+
+
+def gemm_split_k(m: int, n: int, k: int) -> int:
+    """K slices `mxfp4_matmul` uses by default: e.g. M=4 with N=18432, K=7168 -> 4 (1152 programs
+    of 14 K tiles); N=7168, K=9216 -> 10 (9 slices of 8 tiles once rounded to whole tiles)."""
+    if m > GEMM_SPLIT_MAX_M:
+        return 1
+    bm, bn = _gemm_tiles(m, n)
+    return auto_split_k(triton.cdiv(m, bm) * triton.cdiv(n, bn), triton.cdiv(k, _block_k(k)))
+
+
+def _gemm_tiles(m: int, n: int) -> tuple[int, int]:
+    return (16 if m <= 16 else (32 if m <= 32 else 64)), (64 if n >= 64 else 32)
+
+
+def mxfp4_matmul(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool, split_k: int | None = None
+) -> torch.Tensor:
+    """x [..., K] @ MXFP4 weight [N, K/2] (+ scales [N, K/32])^T -> [..., N] in x's dtype.
+
+    split_k: K slices (None: `gemm_split_k`; 1: one program per output tile walks all of K). Slices
+    write float32 partials that torch adds, so a split changes only the float32 summation order.
+    """
     lead = x.shape[:-1]
     k = x.shape[-1]
     n = weight.shape[0]
@@ -102,17 +135,22 @@ def mxfp4_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
         xa, xs = quantize_mxfp4(x2)
     else:
         xa, xs = x2.to(torch.bfloat16).contiguous(), torch.empty(1, 1, dtype=torch.uint8, device=x.device)
-    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    bn = 64 if n >= 64 else 32
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _mxfp4_gemm[grid](
-        xa, xs, weight, weight_scale, y,
-        m, n, k,
+    if split_k is not None and split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {split_k}")
+    bm, bn = _gemm_tiles(m, n)
+    bk = _block_k(k)
+    split, k_split = split_sizes(k, bk, split_k or gemm_split_k(m, n, k))
+    out = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    _mxfp4_gemm[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
+        xa, xs, weight, weight_scale, out,
+        m, n, k, k_split,
         xa.stride(0), xa.stride(1), xs.stride(0), xs.stride(1),
         weight.stride(0), weight.stride(1), weight_scale.stride(0), weight_scale.stride(1),
-        y.stride(0), y.stride(1),
-        A_FP4=a4w4, BM=bm, BN=bn, BK=_block_k(k),
+        out.stride(-2), out.stride(-1), out.stride(0) if split > 1 else 0,
+        A_FP4=a4w4, SPLIT=split > 1, BM=bm, BN=bn, BK=bk,
     )
+    if split > 1:
+        y.copy_(out.sum(dim=0))  # one rounding to x's dtype, as the kernel's own store does
     return y.reshape(*lead, n)
 
 

@@ -47,6 +47,29 @@ VARIANTS = ("dequant", "dot_scaled")
 # than the explicit dequantisation at 4, 128 and 8192 tokens with the default tiles.
 DEFAULT_VARIANT = "dot_scaled"
 
+# Split-K (decode): when a launch has too few programs to keep the GPU's memory pipes busy, K is cut
+# into slices that run as separate programs, each writing float32 partial sums that are added after.
+# Aim for ~8 programs per SM of an H200 (132 SMs) with at least MIN_SPLIT_TILES BK tiles per slice.
+# Shape-only choices, so no host sync; tuned by bench/engine_kernel_tune.py, not by tests.
+SPLIT_TARGET_PROGRAMS = 1056
+MIN_SPLIT_TILES = 4
+
+
+def auto_split_k(programs: int, k_tiles: int) -> int:
+    """How many K slices a launch of `programs` programs, each over `k_tiles` BK tiles, should use."""
+    if programs >= SPLIT_TARGET_PROGRAMS:
+        return 1
+    want = triton.cdiv(SPLIT_TARGET_PROGRAMS, max(1, programs))
+    return max(1, min(want, k_tiles // MIN_SPLIT_TILES))
+
+
+def split_sizes(k: int, bk: int, split_k: int) -> tuple[int, int]:
+    """(slices, K per slice) for a requested split: whole BK tiles per slice, no empty slice (the last
+    may be shorter, e.g. 7 tiles over 3 slices -> 3, 3, 1)."""
+    tiles = triton.cdiv(k, bk)
+    per = triton.cdiv(tiles, max(1, min(split_k, tiles)))
+    return triton.cdiv(tiles, per), per * bk
+
 
 @dataclass(frozen=True)
 class MoeAlignment:
@@ -140,11 +163,16 @@ def _weight_dot(acc, a, w_rows, ws_rows, n_ok, k0, s_wk, s_wsk, DOT_SCALED: tl.c
 @triton.jit
 def _moe_gate_up(
     x_ptr, w_ptr, ws_ptr, h_ptr, pairs_ptr, block_experts_ptr,
-    num_pairs, topk, L, K,
-    s_xt, s_xk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_hp, s_hn,
-    DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    num_pairs, topk, L, K, K_SPLIT,
+    s_xt, s_xk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_hp, s_hn, s_hs,
+    DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    """h[pair, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for one block of pairs and one column tile."""
+    """h[pair, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for one block of pairs and one column tile.
+
+    SPLIT: program axis 2 takes K_SPLIT of K and writes its float32 partial gate sum to
+    h[slice, pair, n] and up sum to h[slice, pair, L + n]; silu waits for the complete sums (torch).
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
@@ -161,24 +189,39 @@ def _moe_gate_up(
     u_srows = g_srows + L * s_wsn
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    else:
+        k_lo = 0
+        k_hi = K
+    for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         a = tl.load(x_ptr + tok[:, None] * s_xt + rk[None, :] * s_xk, mask=valid[:, None], other=0.0)
         acc_g = _weight_dot(acc_g, a, g_rows, g_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
         acc_u = _weight_dot(acc_u, a, u_rows, u_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
-    h = acc_g * tl.sigmoid(acc_g) * acc_u
-    dst = h_ptr + pair[:, None] * s_hp + rn[None, :] * s_hn
-    tl.store(dst, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+    if SPLIT:
+        dst = h_ptr + tl.program_id(2) * s_hs + pair[:, None] * s_hp + rn[None, :] * s_hn
+        tl.store(dst, acc_g, mask=valid[:, None] & n_ok[None, :])
+        tl.store(dst + L * s_hn, acc_u, mask=valid[:, None] & n_ok[None, :])
+    else:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        dst = h_ptr + pair[:, None] * s_hp + rn[None, :] * s_hn
+        tl.store(dst, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _moe_down(
     h_ptr, w_ptr, ws_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
-    num_pairs, N, K,
-    s_hp, s_hk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_yp, s_yn,
-    DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    num_pairs, N, K, K_SPLIT,
+    s_hp, s_hk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_yp, s_yn, s_ys,
+    DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32."""
+    """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32.
+
+    SPLIT: program axis 2 takes K_SPLIT of K and writes its weighted partial sum to y[slice, pair, n].
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
@@ -191,7 +234,14 @@ def _moe_down(
     rows = w_ptr + expert * s_we + rn * s_wn
     srows = ws_ptr + expert * s_wse + rn * s_wsn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        y_ptr += tl.program_id(2) * s_ys
+    else:
+        k_lo = 0
+        k_hi = K
+    for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         a = tl.load(h_ptr + pair[:, None] * s_hp + rk[None, :] * s_hk, mask=valid[:, None], other=0.0)
         acc = _weight_dot(acc, a, rows, srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
@@ -214,6 +264,18 @@ def _block_k(k: int, want: int | None) -> int:
             raise ValueError(f"block_k={want} must be a multiple of {BLOCK} that divides K={k}")
         return want
     return next(bk for bk in (128, 64, BLOCK) if k % bk == 0)
+
+
+def moe_split_k(num_blocks: int, inter: int, hidden: int, bn1: int, bn2: int, bk1: int, bk2: int) -> tuple[int, int]:
+    """Auto split of (gate/up over K=H, down over K=L) from the launch shapes alone.
+
+    num_blocks (the aligned buffer's block count) bounds the blocks that hold pairs; at decode it is
+    about the number of touched experts, so e.g. T=4, k=8, L=1024, H=7168: 32 x 16 gate/up programs
+    -> 3 slices of H; the down launch (32 x 112 programs) stays whole.
+    """
+    gate_up = auto_split_k(num_blocks * triton.cdiv(inter, bn1), triton.cdiv(hidden, bk1))
+    down = auto_split_k(num_blocks * triton.cdiv(hidden, bn2), triton.cdiv(inter, bk2))
+    return gate_up, down
 
 
 def _check_shapes(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int]:
@@ -251,12 +313,17 @@ def fused_moe_mxfp4(
     down_block_k: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    split_k: int | None = None,
+    down_split_k: int | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
 
     w13 [E, 2L, H/2] (gate rows then up rows) and w2 [E, H, L/2] are packed E2M1 with E8M0 scales
     [E, 2L, H/32] / [E, H, L/32]. Block sizes default by T*k/E (block_m), 64 (block_n) and the
     largest of 128/64/32 dividing K (block_k); `down_*` override the second GEMM's tile only.
+    split_k: K slices of both GEMMs (None: `moe_split_k` from the shapes; 1: no split), each
+    clamped to whole BK tiles; `down_split_k` overrides the down GEMM's. Split results equal
+    unsplit ones up to float32 summation order.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -271,8 +338,14 @@ def fused_moe_mxfp4(
     if down_block_k is None and block_k is not None and inter % block_k == 0:
         down_block_k = block_k  # the shared override, where it divides L
     bk2 = _block_k(inter, down_block_k)
+    for name, val in (("split_k", split_k), ("down_split_k", down_split_k)):
+        if val is not None and val < 1:
+            raise ValueError(f"{name} must be >= 1, got {val}")
     align = moe_align(topk_ids, num_experts, bm)
     num_blocks = align.block_experts.numel()
+    auto_gu, auto_down = moe_split_k(num_blocks, inter, hidden, bn1, bn2, bk1, bk2)
+    split1, ksplit1 = split_sizes(hidden, bk1, split_k or auto_gu)
+    split2, ksplit2 = split_sizes(inter, bk2, down_split_k or split_k or auto_down)
     launch = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     dot_scaled = variant == "dot_scaled"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -281,25 +354,39 @@ def fused_moe_mxfp4(
     # A4W4 keeps h in float32 until it is quantised, as the torch backend does for float32 input.
     # The interpreter's float32 -> bf16 cast truncates (the GPU's rounds to nearest even), so there
     # h is stored as float32 and rounded by torch.
-    h = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16, device=x.device)
-    _moe_gate_up[(num_blocks, triton.cdiv(inter, bn1))](
-        xa, w13, w13_scale, h, align.sorted_pairs, align.block_experts,
-        pairs, topk, inter, hidden,
+    if split1 > 1:
+        # float32 partial sums [slice, pair, gate | up]; silu(gate) * up of the complete sums, in the
+        # kernel's order, then the same rounding (bf16 or MXFP4) as the unsplit path
+        gu = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
+        h_buf, s_hp, s_hn, s_hs = gu, gu.stride(1), gu.stride(2), gu.stride(0)
+    else:
+        h = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16, device=x.device)
+        h_buf, s_hp, s_hn, s_hs = h, h.stride(0), h.stride(1), 0
+    _moe_gate_up[(num_blocks, triton.cdiv(inter, bn1), split1)](
+        xa, w13, w13_scale, h_buf, align.sorted_pairs, align.block_experts,
+        pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), xa.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-        w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), h.stride(0), h.stride(1),
-        DOT_SCALED=dot_scaled, INTERPRET=interpret, BM=bm, BN=bn1, BK=bk1, **launch,
+        w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), s_hp, s_hn, s_hs,
+        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split1 > 1, BM=bm, BN=bn1, BK=bk1, **launch,
     )
+    if split1 > 1:
+        gate, up = gu.sum(dim=0).split(inter, dim=1)
+        h = gate * torch.sigmoid(gate) * up
+        if not a4w4:
+            h = h.to(torch.bfloat16)
     if a4w4:
         h = fake_quantize_mxfp4(h).to(torch.bfloat16)
     elif interpret:
         h = h.to(torch.bfloat16)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    _moe_down[(num_blocks, triton.cdiv(hidden, bn2))](
+    y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
+    _moe_down[(num_blocks, triton.cdiv(hidden, bn2), split2)](
         h, w2, w2_scale, y, align.sorted_pairs, align.block_experts, route_w,
-        pairs, hidden, inter,
+        pairs, hidden, inter, ksplit2,
         h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
-        w2_scale.stride(0), w2_scale.stride(1), w2_scale.stride(2), y.stride(0), y.stride(1),
-        DOT_SCALED=dot_scaled, INTERPRET=interpret, BM=bm, BN=bn2, BK=bk2, **launch,
+        w2_scale.stride(0), w2_scale.stride(1), w2_scale.stride(2), y.stride(1), y.stride(2), y.stride(0),
+        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split2 > 1, BM=bm, BN=bn2, BK=bk2, **launch,
     )
+    if split2 > 1:
+        y = y.sum(dim=0)
     return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kv.add_argument("--kv-cache-memory", type=float, default=None, help="KV cache size in GiB per rank")
     g.add_argument("--kv-cache-dtype", default=None, choices=("auto", "bfloat16", "fp8"),
                    help="KV cache storage (fp8 = float8_e4m3fn, upcast on read)")
+    g.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False, default=None,
+                   help="never replay CUDA graphs of decode steps (on CUDA with the triton backend they are "
+                        "captured at start-up for batch sizes up to --max-num-seqs)")
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
                    help="admit new prefills only after the oldest waited factor x the last prefill step")
     p.set_defaults(handler=run)
