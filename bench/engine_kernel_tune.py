@@ -1,11 +1,13 @@
 """Tile configurations of the triton backend's kernels at Kimi-K2.5 width, timed alone on one GPU.
 
 - fused MXFP4 MoE (`triton_moe.fused_moe_mxfp4`): E=384 experts of H=7168 x L (2048/tp), top 8,
-  A4W4 numerics, for decode-sized and prefill-sized token counts; both in-kernel dequantisations
+  A4W4 numerics, for decode-sized and prefill-sized token counts; both in-kernel dequantisations;
+  split-K (K slices of both GEMMs: 1 = the whole-K kernels, None = the automatic choice)
 - paged MLA decode (`triton_attention.mla_decode`): r=512, rope 64, block 16, 8k contexts, the
   per-rank head counts of TP 2 and 4
 - dense MXFP4 GEMM in A4W4: FP4 x FP4 through `dot_scaled`, against quantise-dequantise of the
-  activations to bf16 and the bf16 x FP4 form (the same exact products)
+  activations to bf16 and the bf16 x FP4 form (the same exact products), the latter at several
+  split-K counts for decode-sized M
 
 Each row: median of CUDA-event timings and the bytes the call must read over the measured copy
 bandwidth (x floor). Prints a table per kernel and writes kernel_tune.json.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 from k2bench.engine.kernels.triton_attention import mla_decode
-from k2bench.engine.kernels.triton_backend import mxfp4_matmul
+from k2bench.engine.kernels.triton_backend import gemm_split_k, mxfp4_matmul
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
 from k2bench.engine.mxfp4 import fake_quantize_mxfp4
 
@@ -30,13 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK, R, P, PAGE = 384, 7168, 8, 512, 64, 16
-MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages)
-    ("dequant", 64, 4, None), ("dot_scaled", 64, 4, None),
-    ("dequant", 128, 4, 3), ("dot_scaled", 128, 4, 3),
-    ("dequant", 128, 8, 3), ("dot_scaled", 128, 8, 3),
-    ("dequant", 64, 8, 4), ("dot_scaled", 64, 8, 4),
-    ("dequant", 32, 4, 4), ("dot_scaled", 32, 4, 4),
+MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages, split_k): split 1 = whole K, None = auto
+    ("dequant", 64, 4, None, 1), ("dot_scaled", 64, 4, None, 1),
+    ("dequant", 128, 4, 3, 1), ("dot_scaled", 128, 4, 3, 1),
+    ("dequant", 128, 8, 3, 1), ("dot_scaled", 128, 8, 3, 1),
+    ("dequant", 64, 8, 4, 1), ("dot_scaled", 64, 8, 4, 1),
+    ("dequant", 32, 4, 4, 1), ("dot_scaled", 32, 4, 4, 1),
+    ("dot_scaled", 64, 4, None, None), ("dequant", 64, 4, None, None),
+    ("dot_scaled", 64, 4, None, 2), ("dot_scaled", 64, 4, None, 4),
+    ("dot_scaled", 64, 4, None, 8), ("dot_scaled", 64, 4, None, 14),
+    ("dot_scaled", 128, 4, 3, 4), ("dot_scaled", 32, 4, 4, 4),
 ]
+GEMM_SPLITS = (1, 2, 4, 8, 16, None)  # for M <= 128 only
 ATTN_CONFIGS = [  # (block_h, block_n, num_warps)
     (16, 32, 4), (16, 64, 4), (16, 16, 4), (32, 32, 8), (32, 16, 4), (64, 16, 8), (32, 64, 8),
 ]
@@ -62,20 +69,22 @@ def tune_moe(tp: int, bw: float, tokens: list[int], reps: int) -> list[dict]:
         touched = int(torch.unique(ids).numel())
         floor_ms = touched * expert_bytes / (bw * 1e9) * 1e3
         ref = None
-        for variant, bn, warps, stages in MOE_CONFIGS:
-            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages)
+        for variant, bn, warps, stages, split in MOE_CONFIGS:
+            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages, split_k=split)
+            cfg = [variant, bn, warps, stages, split]
             try:
                 out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw)
                 med, _ = cuda_time_ms(lambda kw=kw, x=x, ids=ids, wts=wts: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result
-                rows.append({"kernel": "moe", "tp": tp, "T": T, "config": [variant, bn, warps, stages], "error": str(exc)[:200]})
-                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages}: FAILED {str(exc)[:80]}", flush=True)
+                rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "error": str(exc)[:200]})
+                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split}: FAILED {str(exc)[:80]}",
+                      flush=True)
                 continue
             ref = out.float() if ref is None else ref
             err = float((out.float() - ref).abs().max() / ref.abs().max())
-            rows.append({"kernel": "moe", "tp": tp, "T": T, "config": [variant, bn, warps, stages], "ms": med,
+            rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "ms": med,
                          "floor_ms": floor_ms, "x_floor": med / floor_ms, "experts_touched": touched, "diff_vs_first": err})
-            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
                   f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
     return rows
 
@@ -120,6 +129,11 @@ def tune_gemm(bw: float, shapes: list[tuple[int, int, int]], reps: int) -> list[
             "fp4 x fp4 (dot_scaled)": lambda x=x, w=w, s=s: mxfp4_matmul(x, w, s, a4w4=True),
             "fake-quant bf16 x fp4": lambda x=x, w=w, s=s: mxfp4_matmul(fake_quantize_mxfp4(x).to(torch.bfloat16), w, s, a4w4=False),
         }
+        if m <= 128:  # split-K of the bf16 x FP4 form (what A4W4 runs on an H200); 1 = whole K
+            xq = fake_quantize_mxfp4(x).to(torch.bfloat16)
+            for sk in GEMM_SPLITS:
+                forms[f"bf16 x fp4 split {sk or f'auto={gemm_split_k(m, n, k)}'}"] = (
+                    lambda xq=xq, w=w, s=s, sk=sk: mxfp4_matmul(xq, w, s, a4w4=False, split_k=sk))
         ref = None
         for name, fn in forms.items():
             out = fn().float()
@@ -135,7 +149,7 @@ def tune_gemm(bw: float, shapes: list[tuple[int, int, int]], reps: int) -> list[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--moe-tokens", default="4,128,8192")
+    ap.add_argument("--moe-tokens", default="4,32,128,8192")
     ap.add_argument("--batches", default="4,32,128")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)

@@ -13,6 +13,11 @@ Design (the same shape as the usual "align, then grouped GEMM" fused MoE):
 3. `_moe_down`: the same over H output columns with K = L, scaled by the pair's routing weight,
    written as float32 rows y [T*k, H] (each pair's row exactly once: deterministic).
 4. torch sums y over the k experts of each token in float32 and casts once to x's dtype.
+5. Split-K (decode, few pairs: `moe_split_k`): each GEMM's K is cut into slices that run as extra
+   programs on grid axis 2. Gate/up slices write float32 partial gate and up sums [slice, pair, 2L];
+   torch adds them and only then applies silu(gate) * up and the usual rounding of h. Down slices
+   write weighted partial rows [slice, pair, H] that are added with the k experts. Partials instead
+   of atomics: the result stays deterministic; a split changes only the float32 summation order.
 
 Numerics: activations enter each GEMM as bf16 (W4), or fake-quantised MXFP4 values, which bf16
 holds exactly (A4W4: x before w13, h before w2, quantised by engine/mxfp4.py in torch; h is then

@@ -87,6 +87,84 @@ def test_triton_mxfp4_gemm_and_model_under_interpreter(tmp_path):
     assert out["w4_err"] < 2e-3 * out["w4_scale"], out
 
 
+SPLIT_CHILD = r"""
+import json, torch
+from k2bench.engine.kernels.triton_backend import gemm_split_k, mxfp4_matmul
+from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(1)
+rows = []
+# (lead dims of x, N, K, splits): K=1024 is 8 tiles of 128 (3 slices: 3+3+2, 5 -> 4 slices of 2);
+# K=320 is 5 tiles of 64 (2: 3+2, 4 -> 3 slices: 2+2+1); None is the automatic choice
+for lead, n, k, splits in [((4,), 96, 1024, [1, 2, 3, 5, 8, None]), ((2, 10), 64, 320, [2, 4, None])]:
+    x = torch.randn(*lead, k, generator=g) * 3
+    wp, ws = quantize_mxfp4(torch.randn(n, k, generator=g))
+    wd = dequantize_mxfp4(wp, ws).double()
+    for split in splits:
+        used = split or gemm_split_k(x.numel() // k, n, k)
+        for form in ("w4", "a4"):
+            # the unsplit kernel casts to bf16 itself, which the interpreter truncates: float32 only
+            for dtype in (torch.float32, torch.bfloat16) if used != 1 else (torch.float32,):
+                xd = x.to(dtype)
+                xr = fake_quantize_mxfp4(xd.float()) if form == "a4" else xd.to(torch.bfloat16)
+                ref = xr.double() @ wd.T
+                got = mxfp4_matmul(xd, wp, ws, a4w4=form == "a4", split_k=split)
+                rows.append({"case": [list(lead), n, k, split, form, str(dtype)], "used": used,
+                             "shape_ok": got.dtype == dtype and list(got.shape) == [*lead, n],
+                             "err": float((got.double() - ref).abs().max()),
+                             "err_bf16": float(((got.double() - ref).abs() - 2.0**-8 * ref.abs()).max()),
+                             "scale": float(ref.abs().max())})
+print("RESULT" + json.dumps(rows))
+"""
+
+
+def test_split_k_gemm_under_interpreter():
+    """Split-K partial sums against float64: only float32 summation order differs from the whole-K
+    loop, so float32 outputs stay within 1e-5 of the output scale; bf16 outputs add half an ulp of
+    the one rounding to bf16 (2^-8 |ref|), which a truncating or twice-rounded store would exceed."""
+    proc = subprocess.run([sys.executable, "-c", SPLIT_CHILD], env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT"):])
+    assert len(rows) == 5 * 4 + 2 + 2 * 4 + 2
+    assert {r["used"] for r in rows if r["case"][3] is None} == {2, 1}  # auto: 8 tiles split, 5 not
+    for r in rows:
+        assert r["shape_ok"], r
+        assert r["scale"] > 1.0, r
+        if r["case"][-1] == "torch.float32":
+            assert r["err"] <= 1e-5 * r["scale"], r
+        else:
+            assert r["err_bf16"] <= 1e-5 * r["scale"], r
+
+
+def test_gemm_auto_split_heuristic():
+    """Decode-sized M at Kimi widths gets enough K slices to fill an H200; prefill and short K stay whole."""
+    from k2bench.engine.kernels.triton_backend import gemm_split_k
+    from k2bench.engine.kernels.triton_moe import MIN_SPLIT_TILES, SPLIT_TARGET_PROGRAMS, split_sizes
+
+    for m, n, k in [(1, 18432, 7168), (4, 18432, 7168), (4, 7168, 9216), (64, 18432, 7168)]:
+        split = gemm_split_k(m, n, k)
+        slices, per = split_sizes(k, 128, split)
+        programs = -(-m // 64) * (n // 64) * slices
+        assert slices > 1 and per // 128 >= MIN_SPLIT_TILES, (m, n, k, split)
+        assert programs >= SPLIT_TARGET_PROGRAMS * 0.8, (m, n, k, programs)
+    assert gemm_split_k(4, 18432, 7168) == 4  # 288 tiles x 4 slices of 14 x 128
+    assert gemm_split_k(128, 18432, 7168) == 1  # prefill-sized M: unchanged path
+    assert gemm_split_k(4, 64, 256) == 1  # 2 K tiles: too short to split
+    assert gemm_split_k(4, 64, 1024) == 2  # 8 tiles: two slices of the minimum length
+
+
+def test_split_sizes_cover_k_in_whole_tiles():
+    from k2bench.engine.kernels.triton_moe import split_sizes
+
+    for tiles in range(1, 40):
+        for want in range(1, 50):
+            slices, per = split_sizes(tiles * 64, 64, want)
+            assert per % 64 == 0 and 1 <= slices <= min(want, tiles)
+            assert (slices - 1) * per < tiles * 64 <= slices * per, (tiles, want)  # none empty, K covered
+
+
 def test_triton_backend_refuses_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from k2bench.engine.kernels import BackendError, get_backend
@@ -106,16 +184,18 @@ def test_triton_mxfp4_gemm_on_cuda():
     from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
 
     g = torch.Generator().manual_seed(0)
+    # (1, 2048, 7168) splits K by default (14 slices); 1 forces the whole-K kernel, 5 an uneven split
     for m, n, k in [(1, 2048, 7168), (77, 7168, 2048), (256, 512, 1024)]:
         x = torch.randn(m, k, generator=g).cuda()
         wp, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(n, k, generator=g)))
         wd = dequantize_mxfp4(wp, ws)
         ref = x.to(torch.bfloat16).float() @ wd.T
-        y = mxfp4_matmul(x, wp, ws, a4w4=False)
-        assert float((y - ref).abs().max() / ref.abs().max()) < 1e-4
         ref4 = fake_quantize_mxfp4(x) @ wd.T
-        y4 = mxfp4_matmul(x, wp, ws, a4w4=True)
-        assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4
+        for split in (None, 1, 5):
+            y = mxfp4_matmul(x, wp, ws, a4w4=False, split_k=split)
+            assert float((y - ref).abs().max() / ref.abs().max()) < 1e-4, (m, n, k, split)
+            y4 = mxfp4_matmul(x, wp, ws, a4w4=True, split_k=split)
+            assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4, (m, n, k, split)
 
 
 @pytest.mark.parametrize("n, ctx", [(9, 9), (5, 12), (1, 7)])

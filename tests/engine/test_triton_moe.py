@@ -110,6 +110,34 @@ for si, (E, H, L, k, T, over, skew) in enumerate(shapes):
                               "worst": float((err / tol).max()), "err": float(err.max()), "flips": bool(flip.any()),
                               "scale": float(ref.abs().max())})
 
+# Split-K: H=256 is 8 K tiles of 32 and L=96 is 3, so (3, 2) slices them 3+3+2 and 2+1 (uneven),
+# 5 -> 4 slices of 2 along H; (None, None) is the automatic choice (2 slices of H, L whole);
+# (1, 2) splits only the down GEMM. Same reference and tolerance as the unsplit cases: split
+# partials change only the float32 summation order before silu and before the bf16 / MXFP4 rounding.
+split_cases = []
+E, H, L, k, T = 10, 256, 96, 3, 4
+g, w, d13, d2 = make(50, E, H, L)
+x = torch.randn(T, H, generator=g) * 2
+ids, wts = routing(g, T, k, torch.arange(1, E))
+for a4w4 in (False, True):
+    ref, flip = reference(x, ids, wts, d13, d2, a4w4)
+    for variant in ("dequant", "dot_scaled"):
+        splits = [(3, 2), (None, None)] + ([(5, None), (1, 2)] if variant == "dot_scaled" else [])
+        for split_k, down_split_k in splits:
+            got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=a4w4, variant=variant, block_k=32, split_k=split_k,
+                                  down_split_k=down_split_k)
+            err = (got.double() - ref).abs()
+            split_cases.append({"case": [a4w4, variant, split_k, down_split_k], "shape_ok": list(got.shape) == [T, H],
+                                "worst": float((err / (1e-5 * ref.abs().max() + flip)).max()),
+                                "scale": float(ref.abs().max())})
+xb = x.to(torch.bfloat16)  # one bf16 output: the final cast happens after the split sums
+ref, flip = reference(xb, ids, wts, d13, d2, False)
+got = fused_moe_mxfp4(xb, ids, wts, *w, block_k=32, split_k=3, down_split_k=2)
+err = (got.double() - ref).abs()
+split_cases.append({"case": ["bf16", "dot_scaled", 3, 2], "shape_ok": got.dtype == torch.bfloat16,
+                    "worst": float((err / (1e-5 * ref.abs().max() + flip + 2.0**-8 * ref.abs())).max()),
+                    "scale": float(ref.abs().max())})
+
 # A4W4 against the torch backend (float32 input: both keep gate/up/h in float32 before quantising)
 agree = []
 for T in (1, 12):  # 3 pairs <= 12 experts: its batched per-pair path; 36 pairs: its per-expert loop
@@ -120,7 +148,7 @@ for T in (1, 12):  # 3 pairs <= 12 experts: its batched per-pair path; 36 pairs:
     for variant in ("dequant", "dot_scaled"):
         got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True, variant=variant)
         agree.append({"T": T, "variant": variant, "rel": float((got - want).abs().max() / want.abs().max())})
-print("RESULT" + json.dumps({"cases": cases, "agree": agree}))
+print("RESULT" + json.dumps({"cases": cases, "agree": agree, "split": split_cases}))
 """
 
 
@@ -146,6 +174,32 @@ def test_a4w4_agrees_with_torch_backend(interpreted):
     assert len(interpreted["agree"]) == 4
     for c in interpreted["agree"]:
         assert c["rel"] < 1e-5, c
+
+
+def test_split_k_matches_float64_reference(interpreted):
+    cases = interpreted["split"]
+    assert len(cases) == 2 * (2 + 4) + 1
+    for c in cases:
+        assert c["shape_ok"], c
+        assert c["worst"] <= 1.0, c
+        assert c["scale"] > 0.1, c
+
+
+def test_moe_auto_split():
+    """Decode at Kimi width (TP 2) splits the long gate/up K; prefill-sized launches and the short
+    down K of the test shape stay whole."""
+    from k2bench.engine.kernels.triton_moe import default_block_m, moe_split_k
+
+    def plan(T, E, L, H, bk1=128, bk2=128):
+        bm = default_block_m(T * 8, E)
+        return moe_split_k(moe_align_sizes(T * 8, E, bm)[1], L, H, 64, 64, bk1, bk2)
+
+    assert plan(1, 384, 1024, 7168) == (9, 2)  # 8 blocks x 16 column tiles; L=1024 is 8 tiles
+    assert plan(4, 384, 1024, 7168) == (3, 1)  # 32 x 16 = 512 gate/up programs; 3584 down ones
+    assert plan(128, 384, 1024, 7168) == (1, 1)
+    assert plan(8192, 384, 1024, 7168) == (1, 1)
+    # the interpreted split case above (T=4, k=3 there): 2 slices of H, L too short
+    assert moe_split_k(moe_align_sizes(12, 10, 16)[1], 96, 256, 64, 64, 32, 32) == (2, 1)
 
 
 def _check_alignment(ids: torch.Tensor, num_experts: int, block_m: int) -> None:
@@ -221,11 +275,14 @@ def test_rejects_bad_arguments():
         fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2[:, :, :0])
     with pytest.raises(ValueError, match="block_k"):
         fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, block_k=48)
+    with pytest.raises(ValueError, match="split_k"):
+        fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, split_k=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["dequant", "dot_scaled"])
-def test_on_cuda_without_host_sync(variant):
+@pytest.mark.parametrize("splits", [(None, None), (1, 1), (4, 2)])  # auto here: 8 slices of H, L whole
+def test_on_cuda_without_host_sync(variant, splits):
     """For a GPU run: real-sized H against float64, no host sync (sync debug mode), and CUDA-graph replay."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -248,13 +305,14 @@ def test_on_cuda_without_host_sync(variant):
             h = (F.silu(h[:L]) * h[L:]).to(torch.bfloat16).double()
             ref[t] += float(wts[t, j]) * (d2[e] @ h)
     dev = [t.cuda() for t in (x, ids, wts, w13, s13, w2, s2)]
-    fused_moe_mxfp4(*dev, variant=variant)  # compile outside the sync check
+    kw = {"variant": variant, "split_k": splits[0], "down_split_k": splits[1]}
+    fused_moe_mxfp4(*dev, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
         with warnings.catch_warnings():  # torch notes that the sync check is a prototype feature
             warnings.simplefilter("ignore", UserWarning)
             torch.cuda.set_sync_debug_mode("error")
-        got = fused_moe_mxfp4(*dev, variant=variant)
+        got = fused_moe_mxfp4(*dev, **kw)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert float((got.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-3
@@ -262,9 +320,9 @@ def test_on_cuda_without_host_sync(variant):
     static = [t.clone() for t in dev]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe_mxfp4(*static, variant=variant)
+        out = fused_moe_mxfp4(*static, **kw)
     static[0].copy_(dev[0] * 0.5)
     static[1].copy_(torch.roll(dev[1], 1, dims=0))
     graph.replay()
-    eager = fused_moe_mxfp4(dev[0] * 0.5, torch.roll(dev[1], 1, dims=0), *dev[2:], variant=variant)
+    eager = fused_moe_mxfp4(dev[0] * 0.5, torch.roll(dev[1], 1, dims=0), *dev[2:], **kw)
     assert torch.allclose(out, eager, rtol=1e-5, atol=1e-5 * float(eager.abs().max()))
