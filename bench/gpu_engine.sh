@@ -19,7 +19,7 @@ tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
 fi
 if [ "${TUNE:-0}" = 1 ]; then
   log "kernel tiles at tp ${TUNE_TP:-2}"
-  python3 bench/engine_kernel_tune.py --tp "${TUNE_TP:-2}" --out "$OUT" 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
+  python3 bench/engine_kernel_tune.py --tp "${TUNE_TP:-2}" --out "$OUT" ${TUNE_ARGS:-} 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
 fi
 
 log "checkpoint: kimi-k2-width, $LAYERS layers"
