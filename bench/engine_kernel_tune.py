@@ -43,6 +43,13 @@ MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages, split_k): split 1 =
     ("dot_scaled", 64, 4, None, 8), ("dot_scaled", 64, 4, None, 14),
     ("dot_scaled", 128, 4, 3, 4), ("dot_scaled", 32, 4, 4, 4),
 ]
+# (variant, block_n, num_warps, num_stages, block_k): longer K tiles and deeper pipelines keep more
+# weight bytes in flight per program, which is what a few-token (latency-bound) MoE lacks
+MOE_K_CONFIGS = [
+    ("dot_scaled", 64, 4, 3, 256), ("dot_scaled", 64, 4, 4, 256), ("dot_scaled", 64, 8, 4, 256),
+    ("dot_scaled", 64, 4, 3, 512), ("dot_scaled", 128, 8, 3, 256), ("dequant", 64, 4, 3, 256),
+    ("dequant", 64, 4, 4, 256), ("dequant", 64, 8, 4, 512), ("dot_scaled", 32, 4, 5, 256),
+]
 GEMM_SPLITS = (1, 2, 4, 8, 16, None)  # for M <= 128 only
 ATTN_CONFIGS = [  # (block_h, block_n, num_warps)
     (16, 32, 4), (16, 64, 4), (16, 16, 4), (32, 32, 8), (32, 16, 4), (64, 16, 8), (32, 64, 8),
@@ -56,7 +63,7 @@ def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w, s
 
 
-def tune_moe(tp: int, bw: float, tokens: list[int], reps: int) -> list[dict]:
+def tune_moe(tp: int, bw: float, tokens: list[int], reps: int, k_configs: bool = False) -> list[dict]:
     L = 2048 // tp
     w13, s13 = random_mxfp4(E, 2 * L, H)
     w2, s2 = random_mxfp4(E, H, L)
@@ -69,24 +76,48 @@ def tune_moe(tp: int, bw: float, tokens: list[int], reps: int) -> list[dict]:
         touched = int(torch.unique(ids).numel())
         floor_ms = touched * expert_bytes / (bw * 1e9) * 1e3
         ref = None
-        for variant, bn, warps, stages, split in MOE_CONFIGS:
-            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages, split_k=split)
-            cfg = [variant, bn, warps, stages, split]
+        configs = [(*c, None) for c in MOE_CONFIGS] if not k_configs else \
+            [(v, bn, w, st, 1, bk) for v, bn, w, st, bk in MOE_K_CONFIGS]
+        for variant, bn, warps, stages, split, bk in configs:
+            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages, split_k=split,
+                      block_k=bk)
+            cfg = [variant, bn, warps, stages, split, bk]
             try:
                 out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw)
                 med, _ = cuda_time_ms(lambda kw=kw, x=x, ids=ids, wts=wts: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result
                 rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "error": str(exc)[:200]})
-                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split}: FAILED {str(exc)[:80]}",
+                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: FAILED {str(exc)[:80]}",
                       flush=True)
                 continue
             ref = out.float() if ref is None else ref
             err = float((out.float() - ref).abs().max() / ref.abs().max())
             rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "ms": med,
                          "floor_ms": floor_ms, "x_floor": med / floor_ms, "experts_touched": touched, "diff_vs_first": err})
-            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
                   f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
     return rows
+
+
+def profile_moe(tp: int, T: int, out: Path) -> None:
+    """Kernel-level CUDA times of one default fused-MoE call (what the launch overhead hides)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    L = 2048 // tp
+    w13, s13 = random_mxfp4(E, 2 * L, H)
+    w2, s2 = random_mxfp4(E, H, L)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    wts, ids = torch.randn(T, E, device="cuda").softmax(-1).topk(TOPK, dim=-1)
+    for _ in range(3):
+        fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
+    (out / f"profile_moe_T{T}.txt").write_text(table)
+    print(table, flush=True)
 
 
 def tune_attention(heads: int, bw: float, batches: list[int], ctx: int, reps: int) -> list[dict]:
@@ -153,12 +184,19 @@ def main() -> int:
     ap.add_argument("--batches", default="4,32,128")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--moe-k", action="store_true", help="only the MoE's K-tile sweep plus a kernel profile")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth_gbs()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
-    rows = tune_moe(args.tp, bw, [int(t) for t in args.moe_tokens.split(",")], args.reps)
+    tokens = [int(t) for t in args.moe_tokens.split(",")]
+    if args.moe_k:  # only the K-tile sweep of the MoE, and where its time goes
+        rows = tune_moe(args.tp, bw, tokens, args.reps, k_configs=True)
+        profile_moe(args.tp, tokens[0], args.out)
+        (args.out / "kernel_tune_moe_k.json").write_text(json.dumps({"bandwidth_gbs": bw, "tp": args.tp, "rows": rows}, indent=1))
+        return 0
+    rows = tune_moe(args.tp, bw, tokens, args.reps)
     batches = [int(b) for b in args.batches.split(",")]
     for heads in sorted({64 // args.tp, 16}, reverse=True):
         rows += tune_attention(heads, bw, batches, args.ctx, args.reps)
