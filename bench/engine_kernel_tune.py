@@ -10,7 +10,9 @@
   split-K counts for decode-sized M
 
 Each row: median of CUDA-event timings and the bytes the call must read over the measured copy
-bandwidth (x floor). Prints a table per kernel and writes kernel_tune.json.
+bandwidth (x floor). The events bracket an eager call, so at decode sizes, where the host launches
+kernels slower than the GPU runs them, they include launch gaps (a CUDA-graph replay does not):
+`--moe-k` adds a kernel-level profile. Prints a table per kernel and writes kernel_tune.json.
 
     python bench/engine_kernel_tune.py --tp 2 --out /tmp/out
 """
@@ -99,6 +101,43 @@ def tune_moe(tp: int, bw: float, tokens: list[int], reps: int, k_configs: bool =
     return rows
 
 
+# (variant, block_m, block_n, num_warps, num_stages, block_k) for prefill-sized token counts
+MOE_PREFILL_CONFIGS = [
+    ("dot_scaled", 64, 64, 4, None, 128), ("dot_scaled", 128, 64, 4, 3, 128), ("dot_scaled", 128, 128, 8, 3, 128),
+    ("dot_scaled", 64, 128, 4, 3, 128), ("dot_scaled", 128, 128, 8, 3, 64), ("dequant", 128, 128, 8, 3, 64),
+    ("dequant", 128, 64, 4, 3, 128), ("dequant", 64, 128, 8, 3, 64), ("dot_scaled", 128, 256, 8, 3, 64),
+]
+
+
+def tune_moe_prefill(tp: int, T: int, reps: int) -> list[dict]:
+    """Tiles of the fused MoE at a prefill chunk's token count, against its FLOP floor (bf16 dense peak
+    989 TFLOP/s on an H200 SXM): here the kernel is compute-bound, not memory-bound."""
+    L = 2048 // tp
+    w13, s13 = random_mxfp4(E, 2 * L, H)
+    w2, s2 = random_mxfp4(E, H, L)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    wts, ids = torch.randn(T, E, device="cuda").softmax(-1).topk(TOPK, dim=-1)
+    flops = T * TOPK * 3 * L * H * 2
+    rows, ref = [], None
+    for variant, bm, bn, warps, stages, bk in MOE_PREFILL_CONFIGS:
+        kw = dict(a4w4=True, variant=variant, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, block_k=bk)
+        try:
+            out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw).float()
+            med, _ = cuda_time_ms(lambda kw=kw: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"kernel": "moe_prefill", "T": T, "config": list(kw.values())[1:], "error": str(exc)[:200]})
+            print(f"moe T={T} {variant} bm={bm} bn={bn} w={warps} s={stages} bk={bk}: FAILED {str(exc)[:80]}", flush=True)
+            continue
+        ref = out if ref is None else ref
+        err = float((out - ref).abs().max() / ref.abs().max())
+        tflops = flops / (med / 1e3) / 1e12
+        rows.append({"kernel": "moe_prefill", "T": T, "config": [variant, bm, bn, warps, stages, bk], "ms": med,
+                     "tflops": tflops, "diff_vs_first": err})
+        print(f"moe T={T} {variant:<10} bm={bm:<3} bn={bn:<3} w={warps} s={stages} bk={bk:<3}: {med:8.2f} ms  "
+              f"{tflops:6.1f} TFLOP/s  diff {err:.1e}", flush=True)
+    return rows
+
+
 def profile_moe(tp: int, T: int, out: Path) -> None:
     """Kernel-level CUDA times of one default fused-MoE call (what the launch overhead hides)."""
     from torch.profiler import ProfilerActivity, profile
@@ -184,6 +223,7 @@ def main() -> int:
     ap.add_argument("--batches", default="4,32,128")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--moe-prefill", type=int, default=0, help="only the MoE tiles at this many tokens")
     ap.add_argument("--moe-k", action="store_true", help="only the MoE's K-tile sweep plus a kernel profile")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -191,6 +231,10 @@ def main() -> int:
     bw = copy_bandwidth_gbs()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     tokens = [int(t) for t in args.moe_tokens.split(",")]
+    if args.moe_prefill:
+        rows = tune_moe_prefill(args.tp, args.moe_prefill, args.reps)
+        (args.out / "kernel_tune_moe_prefill.json").write_text(json.dumps({"tp": args.tp, "rows": rows}, indent=1))
+        return 0
     if args.moe_k:  # only the K-tile sweep of the MoE, and where its time goes
         rows = tune_moe(args.tp, bw, tokens, args.reps, k_configs=True)
         profile_moe(args.tp, tokens[0], args.out)
