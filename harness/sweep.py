@@ -105,6 +105,14 @@ def git_commit() -> str | None:
     return _git("rev-parse", "HEAD")
 
 
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from HEAD (the measured code is then not exactly the commit)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    if out is None:
+        return None if git_commit() is None else False
+    return bool(out)
+
+
 def git_branch() -> str | None:
     branch = _git("rev-parse", "--abbrev-ref", "HEAD")
     return None if branch == "HEAD" else branch
@@ -343,6 +351,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 "extra": {"server_log": srv["log"], "base_url": srv["base_url"], "request_model": request_model,
                           "prompt_mode": w.mode, "vocabulary": vocab.source if vocab else None},
             }
+            if cfg.commit is None and meta["commit"] and git_dirty():
+                meta["extra"]["git_dirty"] = True
+                say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
+                    "against it with extra.git_dirty = true (commit first, or pass --commit)")
             run_id = store.create_run(meta)
             say(f"run {run_id}: {srv['engine']} {model_name} on {meta['hardware']}, workload {w.name} "
                 f"(ISL {w.isl}, OSL {w.osl}), levels {','.join(map(str, cfg.levels))}")

@@ -299,3 +299,32 @@ def test_sigterm_inside_a_transport_callback_still_interrupts(tmp_path) -> None:
     with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt():
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
         run_async(main_coro())
+
+
+def test_uncommitted_changes_are_flagged_on_the_run(tmp_path, monkeypatch) -> None:
+    """A sweep of a checkout whose tracked files differ from HEAD says so (extra.git_dirty) and warns."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "engine.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "engine.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    monkeypatch.chdir(repo)
+    db = f"sqlite:///{tmp_path}/k.db"
+    said: list[str] = []
+    with serving(tmp_path, "--ttft-ms", "2", "--itl-ms", "1") as url:
+        def sweep():
+            cfg = SweepConfig(levels=[1], workload=Workload(name="w", isl=8, osl=2), url=url, num_prompts=1,
+                              warmup=0, db=db)
+            return run_sweep(cfg, LevelEvents(message=said.append))
+
+        clean = sweep()
+        (repo / "engine.py").write_text("a = 2\n")
+        dirty = sweep()
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert clean.meta["commit"] == dirty.meta["commit"] == head
+    assert "git_dirty" not in clean.meta["extra"] and dirty.meta["extra"]["git_dirty"] is True
+    assert sum("differ from commit" in line for line in said) == 1
+    with Store.open(db, readonly=True) as store:
+        assert store.get_run(dirty.run_id)["extra"]["git_dirty"] is True
