@@ -107,6 +107,9 @@ class TestServer:
         self.active = 0
         self.max_active = 0
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
+        # What each completed stream actually did, in request order: (number, arrived, first sent,
+        # last sent, messages, tokens). The truth a client's measurement is checked against.
+        self.done: list[tuple[int, float, float, float, int, int]] = []
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
@@ -153,13 +156,32 @@ class TestServer:
         return web.json_response({"object": "list", "data": [model]})
 
     async def stats(self, request: web.BaseRequest) -> web.Response:
+        """Counters, message lateness, and (``?from=N``) what the streams of requests >= N did.
+
+        ``actual`` is measured here, at the server: TTFT from the request's last byte arriving to
+        the first message leaving, TPOT as (last - first message) / (tokens - 1) for streams of one
+        token per message, and the span from the first arrival to the last message."""
         late = sorted(self.late_ms)
 
-        def q(f: float) -> float | None:
-            return round(late[min(len(late) - 1, int(f * len(late)))], 3) if late else None
+        def q(values: list[float], f: float) -> float | None:
+            return round(values[min(len(values) - 1, int(f * len(values)))], 3) if values else None
 
-        return web.json_response({"requests": self.requests, "active": self.active, "max_active": self.max_active,
-                                  "late_p50_ms": q(0.5), "late_p99_ms": q(0.99), "late_max_ms": q(1.0)})
+        body = {"requests": self.requests, "active": self.active, "max_active": self.max_active,
+                "late_p50_ms": q(late, 0.5), "late_p99_ms": q(late, 0.99), "late_max_ms": q(late, 1.0)}
+        try:
+            start = int(request.query.get("from", "0"))
+        except ValueError:
+            return _error(400, "from must be an integer request number")
+        done = [d for d in self.done if d[0] >= start]
+        ttft = sorted((first - arrived) * 1e3 for _, arrived, first, _, _, _ in done)
+        tpot = sorted((last - first) * 1e3 / (msgs - 1) for _, _, first, last, msgs, tok in done
+                      if msgs > 1 and msgs == tok)
+        body["actual"] = {
+            "streams": len(done), "output_tokens": sum(d[5] for d in done),
+            "ttft_p50_ms": q(ttft, 0.5), "tpot_p50_ms": q(tpot, 0.5),
+            "span_s": (max(d[3] for d in done) - min(d[1] for d in done)) if done else None,
+        }
+        return web.json_response(body)
 
     async def tokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
@@ -214,25 +236,33 @@ class TestServer:
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
         sent = 0
         message = 0
+        first_sent = 0.0
         late_ms = self.late_ms
         while sent < max_tokens:
             count = min(k, max_tokens - sent)
             if cfg.end_early_after and sent + count > cfg.end_early_after:
-                await asyncio.sleep(max(0.0, first + message * gap - time.monotonic()))
+                while (delay := first + message * gap - time.monotonic()) > 0:
+                    await asyncio.sleep(delay)
                 if transport is not None:  # drop the connection mid-stream: no [DONE], no usage
                     transport.close()
                 return
             due = first + message * gap
-            delay = due - time.monotonic()
-            if delay > 0:
+            # uvloop's timers count whole milliseconds and may wake a little early: sleep again
+            # until the deadline has really passed, so the configured timing is a floor
+            while (delay := due - time.monotonic()) > 0:
                 await asyncio.sleep(delay)
+            now = time.monotonic()
             if len(late_ms) < 1_000_000:
-                late_ms.append((time.monotonic() - due) * 1e3)
+                late_ms.append((now - due) * 1e3)
+            if message == 0:
+                first_sent = now
             text = "".join(f" t{(n * 7919 + sent + i) % VOCAB_SIZE}" for i in range(count))
             sent += count
             message += 1
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
+        if len(self.done) < 1_000_000:
+            self.done.append((n, arrived, first_sent, now, message, sent))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
