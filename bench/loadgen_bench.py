@@ -8,7 +8,10 @@ truth (TTFT and per-token gap are the server's settings), so the table shows:
   level, warmup included, divided by all tokens streamed),
 - median and p99 TTFT error against the configured TTFT,
 - median TPOT error against the configured gap, in percent,
-- output tokens per second achieved against the rate asked for (concurrency / gap).
+- output tokens per second achieved against the rate asked for (concurrency / gap),
+- the same errors against what the server actually did (its own per-request record from
+  ``/stats?from=N``): the nominal errors include the server's own lateness on a busy machine,
+  these isolate the load generator's.
 
     python bench/loadgen_bench.py                 # table + results/bench/loadgen_bench.json
     python bench/loadgen_bench.py --quick --out /tmp/lg.json
@@ -82,8 +85,10 @@ def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, cor
         cpu0, wall0 = _cpu_s(), time.perf_counter()
         records = run(run_level(spec, prompts))
         cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
+        # the server numbers requests from 1 in arrival order; the first `conc` were the warmup
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats?from={conc + 1}", timeout=5) as resp:
             stats = json.loads(resp.read())
+        actual = stats["actual"]
         server_cpu = _proc_cpu_s(server.pid)
     finally:
         server.kill()
@@ -108,6 +113,11 @@ def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, cor
         "analytic_tok_s": round(conc * osl / ((ttft_ms + (osl - 1) * itl_ms) / 1e3)), "output_tok_s": round(out_tput),
         "server_cpu_s": round(server_cpu, 2), "server_late_p50_ms": stats.get("late_p50_ms"),
         "server_late_p99_ms": stats.get("late_p99_ms"),
+        "server_ttft_p50_ms": actual["ttft_p50_ms"], "server_tpot_p50_ms": actual["tpot_p50_ms"],
+        "ttft_median_error_vs_server_ms": round(statistics.median(ttft) - actual["ttft_p50_ms"], 2),
+        "tpot_median_error_vs_server_pct": round((statistics.median(tpot) - actual["tpot_p50_ms"])
+                                                 / actual["tpot_p50_ms"] * 100, 3),
+        "server_tok_s": round(actual["output_tokens"] / actual["span_s"]),
     }
 
 
@@ -128,12 +138,14 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     header = ("conc", "gap ms", "analytic tok/s", "got tok/s", "client CPU us/token",
-              "TTFT p50 err ms", "TTFT p99 err ms", "TPOT p50 err %")
+              "TTFT p50 err ms", "TTFT p99 err ms", "TPOT p50 err %", "server tok/s",
+              "TTFT p50 err vs server ms", "TPOT p50 err vs server %")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {r['itl_ms_truth']:g} | {r['analytic_tok_s']} | {r['output_tok_s']} | "
                      f"{r['client_cpu_us_per_token']:.1f} | {r['ttft_median_error_ms']:+.1f} | "
-                     f"{r['ttft_p99_error_ms']:+.1f} | {r['tpot_median_error_pct']:+.2f} |")
+                     f"{r['ttft_p99_error_ms']:+.1f} | {r['tpot_median_error_pct']:+.2f} | {r['server_tok_s']} | "
+                     f"{r['ttft_median_error_vs_server_ms']:+.1f} | {r['tpot_median_error_vs_server_pct']:+.2f} |")
     print("\n".join(lines))
     load = os.getloadavg()
     doc = {"bench": "loadgen", "machine": {"host": platform.node(), "cpus": os.cpu_count(), "pinned": pin,
