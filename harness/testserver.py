@@ -21,6 +21,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -68,6 +69,17 @@ class ServerConfig:
     api_key: str | None = None  # require "Authorization: Bearer KEY" (not on /health)
 
 
+class StreamRecord(NamedTuple):
+    """What one completed stream did, timed at the server (time.monotonic seconds)."""
+
+    number: int  # the request's number, from 1 in arrival order
+    arrived: float
+    first_sent: float
+    last_sent: float
+    messages: int
+    tokens: int
+
+
 def _tokenize(text: str) -> list[int]:
     ids = []
     for word in text.split():
@@ -107,9 +119,8 @@ class TestServer:
         self.active = 0
         self.max_active = 0
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
-        # What each completed stream actually did, in request order: (number, arrived, first sent,
-        # last sent, messages, tokens). The truth a client's measurement is checked against.
-        self.done: list[tuple[int, float, float, float, int, int]] = []
+        # what each completed stream actually did: the truth a client's measurement is checked against
+        self.done: list[StreamRecord] = []
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
@@ -172,14 +183,14 @@ class TestServer:
             start = int(request.query.get("from", "0"))
         except ValueError:
             return _error(400, "from must be an integer request number")
-        done = [d for d in self.done if d[0] >= start]
-        ttft = sorted((first - arrived) * 1e3 for _, arrived, first, _, _, _ in done)
-        tpot = sorted((last - first) * 1e3 / (msgs - 1) for _, _, first, last, msgs, tok in done
-                      if msgs > 1 and msgs == tok)
+        done = [d for d in self.done if d.number >= start]
+        ttft = sorted((d.first_sent - d.arrived) * 1e3 for d in done)
+        tpot = sorted((d.last_sent - d.first_sent) * 1e3 / (d.messages - 1) for d in done
+                      if d.messages > 1 and d.messages == d.tokens)
         body["actual"] = {
-            "streams": len(done), "output_tokens": sum(d[5] for d in done),
+            "streams": len(done), "output_tokens": sum(d.tokens for d in done),
             "ttft_p50_ms": q(ttft, 0.5), "tpot_p50_ms": q(tpot, 0.5),
-            "span_s": (max(d[3] for d in done) - min(d[1] for d in done)) if done else None,
+            "span_s": (max(d.last_sent for d in done) - min(d.arrived for d in done)) if done else None,
         }
         return web.json_response(body)
 
@@ -240,17 +251,15 @@ class TestServer:
         late_ms = self.late_ms
         while sent < max_tokens:
             count = min(k, max_tokens - sent)
-            if cfg.end_early_after and sent + count > cfg.end_early_after:
-                while (delay := first + message * gap - time.monotonic()) > 0:
-                    await asyncio.sleep(delay)
-                if transport is not None:  # drop the connection mid-stream: no [DONE], no usage
-                    transport.close()
-                return
             due = first + message * gap
             # uvloop's timers count whole milliseconds and may wake a little early: sleep again
             # until the deadline has really passed, so the configured timing is a floor
             while (delay := due - time.monotonic()) > 0:
                 await asyncio.sleep(delay)
+            if cfg.end_early_after and sent + count > cfg.end_early_after:
+                if transport is not None:  # drop the connection mid-stream: no [DONE], no usage
+                    transport.close()
+                return
             now = time.monotonic()
             if len(late_ms) < 1_000_000:
                 late_ms.append((now - due) * 1e3)
@@ -262,7 +271,7 @@ class TestServer:
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         if len(self.done) < 1_000_000:
-            self.done.append((n, arrived, first_sent, now, message, sent))
+            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
