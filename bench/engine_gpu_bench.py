@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import get_backend
 from k2bench.engine.loader import load_model

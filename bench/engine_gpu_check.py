@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.build import EngineOptions, build_engine
 from k2bench.engine.runtime_config import RuntimeConfig
 from k2bench.engine.sequence import SamplingParams, Sequence

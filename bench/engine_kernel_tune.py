@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_backend import gemm_split_k, mxfp4_matmul
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.loader import load_model
 from k2bench.engine.tiny import write_tiny_checkpoint

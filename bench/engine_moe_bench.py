@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.kernels.torch_backend import CPU_PAIR_BUDGET, TorchBackend
 from k2bench.engine.mxfp4 import (
     BLOCK,

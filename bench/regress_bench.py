@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from k2bench.harness.analysis import changepoints
 from k2bench.harness.analysis.regress import METRIC_BY_COLUMN, RegressConfig, decide
 

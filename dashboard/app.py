@@ -10,9 +10,10 @@ import argparse
 import sys
 
 import streamlit as st
+
 from k2bench.dashboard import cache, data
 from k2bench.dashboard.views import compare, frontier, history, run_detail
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 PAGES = {"Frontier": frontier.render, "History": history.render, "Compare": compare.render,
          "Run detail": run_detail.render}

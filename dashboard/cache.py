@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import streamlit as st
+
 from k2bench.dashboard import data
 
 TTL_S = 30

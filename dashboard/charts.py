@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from k2bench.dashboard import data
 from plotly.colors import qualitative
+
+from k2bench.dashboard import data
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field
 
 import torch
+
 from k2bench.engine.block_manager import BlockManager, blocks_for
 from k2bench.engine.engine import LLMEngine
 from k2bench.engine.runner import ModelRunner, kv_block_bytes, kv_torch_dtype

@@ -20,9 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.config import ModelConfig
 from k2bench.engine.parallel import TensorSpec
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 INDEX_NAME = "model.safetensors.index.json"
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}

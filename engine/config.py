@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 
 class ConfigError(UserError):

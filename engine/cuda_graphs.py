@@ -21,6 +21,7 @@ import logging
 import time
 
 import torch
+
 from k2bench.engine.attn_meta import AttentionMetadata
 
 log = logging.getLogger(__name__)

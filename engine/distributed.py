@@ -20,6 +20,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from k2bench.engine.runner import HEADER_LEN, StepInputs
 
 log = logging.getLogger(__name__)

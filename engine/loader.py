@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.checkpoint import load_checkpoint
 from k2bench.engine.config import ConfigError, ModelConfig, load_config
 from k2bench.engine.kernels import BackendError, get_backend

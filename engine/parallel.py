@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from k2bench.engine.mxfp4 import BLOCK
 from torch import nn
+
+from k2bench.engine.mxfp4 import BLOCK
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.block_manager import blocks_for
 from k2bench.engine.sampling import sample

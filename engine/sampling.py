@@ -8,6 +8,7 @@ generator, so its tokens do not depend on what else is in the batch.
 from __future__ import annotations
 
 import torch
+
 from k2bench.engine.sequence import SamplingParams, Sequence
 
 

@@ -14,6 +14,7 @@ import time
 import uuid
 
 from aiohttp import web
+
 from k2bench.engine.engine import AsyncEngine, LLMEngine
 from k2bench.engine.protocol import RequestError, StopStrings, parse_common, parse_messages, parse_prompt
 from k2bench.engine.sequence import Sequence

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.mxfp4 import DEFAULT_SCALE_RULE, quantize_mxfp4
 
 

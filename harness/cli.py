@@ -7,9 +7,8 @@ import importlib
 import logging
 import sys
 
-from k2bench.harness.errors import UserError
-
 from k2bench import __version__
+from k2bench.errors import UserError
 
 # Order is the order shown in --help. Each module registers its own subcommands.
 COMMAND_MODULES = (

@@ -20,8 +20,8 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+from k2bench.errors import ServerError
 from k2bench.harness import recipes
-from k2bench.harness.errors import ServerError
 
 LOG_TAIL_LINES = 25
 STOP_GRACE_S = 15.0

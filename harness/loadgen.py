@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
-from k2bench.harness.errors import ServerError
+
+from k2bench.errors import ServerError
 from k2bench.harness.records import RequestRecord
 
 try:  # an event loop with less overhead per wake-up: lower client CPU and steadier stamps

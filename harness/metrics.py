@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 import numpy as np
-from k2bench.harness.errors import UserError
+
+from k2bench.errors import UserError
 from k2bench.harness.records import RequestRecord
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")

@@ -11,7 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 from k2bench.harness.metrics import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 
 SCHEMA = "k2bench.run/1"

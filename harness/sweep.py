@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k2bench.errors import ServerError, UserError
 from k2bench.harness import launch, recipes
-from k2bench.harness.errors import ServerError, UserError
 from k2bench.harness.loadgen import LevelSpec, level_failure, normalize_base_url, probe, run_level
 from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
-from k2bench.harness.errors import ServerError, UserError
+
+from k2bench.errors import ServerError, UserError
 from k2bench.harness.loadgen import Prompt, normalize_base_url
 
 try:

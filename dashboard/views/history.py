@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from k2bench.dashboard import cache, charts, data
 from k2bench.dashboard.views.common import csv_download
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
 

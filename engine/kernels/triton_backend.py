@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.nn.attention.bias import causal_lower_right
+
 from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
 from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4, quantize_mxfp4
-from torch.nn.attention.bias import causal_lower_right
 
 
 @triton.jit

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4
 
 VARIANTS = ("dequant", "dot_scaled")

@@ -6,9 +6,10 @@ import math
 from collections.abc import Iterator
 
 import torch
+from torch import nn
+
 from k2bench.engine.config import RopeConfig, yarn_get_mscale
 from k2bench.engine.parallel import TensorSpec, float_spec, replicated_param
-from torch import nn
 
 
 class RMSNorm(nn.Module):

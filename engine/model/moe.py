@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from k2bench.engine.config import ModelConfig
 from k2bench.engine.mxfp4 import BLOCK
 from k2bench.engine.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
-from torch import nn
 
 
 class DenseMLP(nn.Module):

@@ -19,7 +19,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 # Used when k2bench.harness.fingerprint is not importable (it is the store's module).
 FALLBACK_FIELDS = ("engine", "engine_version", "engine_flags", "model", "precision", "hardware",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, per_run
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from k2bench.harness.analysis import pareto, stats
 
 

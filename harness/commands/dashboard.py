@@ -28,7 +28,7 @@ def app_path() -> Path:
 
 def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start the app; the URL travels in K2BENCH_DB."""
-    from k2bench.harness.errors import UserError
+    from k2bench.errors import UserError
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be between 1 and 65535, not {args.port}")

@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run_tiny(args: argparse.Namespace) -> int:
-    from k2bench.harness.errors import UserError
+    from k2bench.errors import UserError
 
     if args.layers is not None and args.layers < 1:
         raise UserError(f"--layers must be at least 1, not {args.layers}")
@@ -43,6 +43,7 @@ def run_tiny(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     import torch
+
     from k2bench.engine.tiny import PRESETS
 
     try:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 # Defaults live in the dataclasses of k2bench.harness.analysis; these mirror them for --help only
 # and are read from there at run time (see _config / _options).

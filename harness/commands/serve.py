@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from k2bench.harness.errors import UserError
+from k2bench.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

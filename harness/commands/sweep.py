@@ -63,7 +63,7 @@ def _config(args: argparse.Namespace):
     for name in ("isl", "osl"):
         v = getattr(args, name)
         if v is not None and v < 1:
-            from k2bench.harness.errors import UserError
+            from k2bench.errors import UserError
 
             raise UserError(f"--{name} must be at least 1")
     num_prompts, num_prompts_x = parse_count(args.num_prompts, "--num-prompts")
@@ -80,10 +80,11 @@ def _config(args: argparse.Namespace):
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from k2bench.harness.commands.runs import points_table
-    from k2bench.harness.sweep import LevelEvents, run_sweep
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from k2bench.harness.commands.runs import points_table
+    from k2bench.harness.sweep import LevelEvents, run_sweep
 
     cfg = _config(args)
     console = Console(stderr=True)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from k2bench.harness.errors import UserError
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from k2bench.errors import UserError
 
 DEFAULT_DB_URL = "sqlite:///results/k2bench.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from sqlalchemy import select
+
 from k2bench.harness.metrics import request_metrics
 from k2bench.harness.store.codec import decode_deltas
 from k2bench.harness.store.models import INTERACTIVITY_COLUMNS, STAT_COLUMNS, ChangePoint, Point, Request, Run
-from sqlalchemy import select
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,6 +31,7 @@ class FramesMixin:
 
         ``status`` in the frame is the stored status; filters as in list_runs (limit excluded)."""
         import pandas as pd
+
         from k2bench.harness.store.store import _apply_run_filters
 
         filters.pop("limit", None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from k2bench.harness.metrics import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -22,6 +21,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from k2bench.harness.metrics import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; elsewhere request ids may need 64 bits.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

@@ -10,8 +10,14 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from k2bench import __version__
+from k2bench.errors import UserError
 from k2bench.harness import runjson
-from k2bench.harness.errors import UserError
 from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import db
@@ -26,12 +32,6 @@ from k2bench.harness.store.models import (
     Run,
     stat_column,
 )
-from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
-
-from k2bench import __version__
 
 RUN_FILTERS = ("engine", "model", "hardware", "branch", "commit", "fingerprint", "status", "workload", "limit")
 _RUN_COLUMNS = [k for k in runjson.RUN_FIELDS if k not in ("id", "started_at", "finished_at")]

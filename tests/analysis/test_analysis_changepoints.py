@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 from analysis_data import frame, load_fixture
+
 from k2bench.harness.analysis import changepoints as cp
 
 

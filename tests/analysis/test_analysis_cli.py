@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from analysis_data import FIXTURES, load_fixture
+
 from k2bench.harness.cli import main
 from k2bench.harness.store import Store
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from analysis_data import load_fixture
+
 from k2bench.harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from k2bench.harness.report import COMMENT_MARKER
 from k2bench.harness.store import Store
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from analysis_data import fixture_frames, frame, load_fixture
+
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, compare
 

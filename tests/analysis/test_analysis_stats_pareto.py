@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from k2bench.harness.analysis import pareto, stats
 
 

@@ -134,9 +134,10 @@ def test_every_page_renders_its_chart(server, browser, tmp_path):
 
 
 def test_empty_database_page_shows_the_command(tmp_path, browser):
-    from k2bench.harness.store import Store
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from k2bench.harness.store import Store
 
     url_db = f"sqlite:///{tmp_path / 'empty.db'}"
     Store.open(url_db).close()

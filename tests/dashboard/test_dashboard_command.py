@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from k2bench.errors import UserError
 from k2bench.harness import cli
 from k2bench.harness.commands import dashboard as cmd
-from k2bench.harness.errors import UserError
 
 
 def parse(*argv: str):

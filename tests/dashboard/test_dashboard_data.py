@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from k2bench.dashboard import data
 from k2bench.dashboard.reference import load_reference, reference_dir
 
@@ -74,7 +75,7 @@ def test_reference_quote_is_verbatim_from_the_seed():
 
 
 def test_dashboard_store_is_read_only(tmp_path):
-    from k2bench.harness.errors import UserError
+    from k2bench.errors import UserError
     from k2bench.harness.store import Store
 
     url = f"sqlite:///{tmp_path / 'ro.db'}"

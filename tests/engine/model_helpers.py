@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import torch
+
 from k2bench.engine.attn_meta import AttentionMetadata
 
 
@@ -171,8 +172,9 @@ def rewrite_checkpoint(src: Path, dst: Path, edit, config_edit=None, shards: int
     """Copy a checkpoint with its tensors passed through `edit(dict) -> dict` (and config through config_edit)."""
     import shutil
 
-    from k2bench.engine.tiny import save_sharded
     from safetensors.torch import load_file
+
+    from k2bench.engine.tiny import save_sharded
 
     state = {}
     for f in sorted(src.glob("*.safetensors")):
@@ -191,6 +193,7 @@ def rewrite_checkpoint(src: Path, dst: Path, edit, config_edit=None, shards: int
 def tp_worker(rank: int, world: int, port: int, jobs: list, out_path: str) -> None:
     """One TP rank: load each (model_dir, dtype) job, run prefill logits and batched greedy decoding."""
     import torch.distributed as dist
+
     from k2bench.engine.loader import load_model
 
     torch.set_num_threads(1)
@@ -218,6 +221,7 @@ def bf16_activation_reference(device: str = "cpu"):
     by ~20%, so the triton W4 path is checked against this reference instead (plain PyTorch, a
     per-token loop over each token's experts)."""
     import torch.nn.functional as F
+
     from k2bench.engine.kernels.torch_backend import TorchBackend
     from k2bench.engine.mxfp4 import dequantize_mxfp4
 

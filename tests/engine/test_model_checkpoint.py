@@ -29,9 +29,10 @@ def _load(d, **kw):
 
 
 def test_tiny_checkpoint_format(tiny):
-    from k2bench.engine.config import load_config
     from safetensors import safe_open
     from tokenizers import Tokenizer
+
+    from k2bench.engine.config import load_config
 
     index = json.loads((tiny / "model.safetensors.index.json").read_text())
     files = set(index["weight_map"].values())
@@ -131,7 +132,7 @@ def test_k25_wrapper_matches_plain(tiny, tmp_path):
 def test_config_errors_and_quant_modes(tiny, tmp_path):
     from k2bench.engine.config import ConfigError
     from k2bench.engine.kernels import get_backend
-    from k2bench.harness.errors import UserError
+    from k2bench.errors import UserError
 
     m, _ = _load(tiny, quant_mode="w4")
     assert m.quant_mode == "w4"

@@ -79,9 +79,10 @@ def test_config_rejects_what_it_cannot_run():
 
 def test_bf16_and_fp8_latent_cache(tmp_path):
     """Reduced-precision caches run the same model and stay close to the float32 cache."""
+    from model_helpers import PagedDriver
+
     from k2bench.engine.loader import load_model
     from k2bench.engine.tiny import TinySpec, write_tiny_checkpoint
-    from model_helpers import PagedDriver
 
     d = write_tiny_checkpoint(tmp_path / "t", quant="bf16", seed=2, spec=TinySpec(layers=2))
     model, cfg = load_model(d, dtype="float32")
@@ -98,10 +99,11 @@ def test_bf16_and_fp8_latent_cache(tmp_path):
 
 def test_kimi_k2_yarn_frequencies_match_hf():
     """K2's real rope settings (theta 50000, factor 64, 4096 original positions, dim 64) against HF's YaRN."""
-    from k2bench.engine.config import parse_config
-    from k2bench.engine.model.layers import yarn_inv_freq
     from transformers import DeepseekV3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from k2bench.engine.config import parse_config
+    from k2bench.engine.model.layers import yarn_inv_freq
 
     cfg = parse_config(dict(K25_TEXT))
     ours, mscale = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope)

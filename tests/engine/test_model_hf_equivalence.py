@@ -90,12 +90,13 @@ def test_decode_logits_match_hf(hf_dir):
 def test_mxfp4_experts_match_dequantised_hf(tmp_path, hf_dir):
     """Quantise the MLP/expert weights to MXFP4, write a Quark-format checkpoint, compare with HF on the
     dequantised weights (W4: activations unquantised, so the only error is float32 rounding)."""
+    from safetensors.torch import load_file
+    from transformers import DeepseekV3ForCausalLM
+
     from k2bench.engine.config import parse_config
     from k2bench.engine.loader import load_model
     from k2bench.engine.mxfp4 import dequantize_mxfp4
     from k2bench.engine.tiny import quantize_state, save_sharded
-    from safetensors.torch import load_file
-    from transformers import DeepseekV3ForCausalLM
 
     src, _ = hf_dir
     state = {}

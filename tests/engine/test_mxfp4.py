@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from k2bench.engine.mxfp4 import (
     dequantize_mxfp4,
     e2m1_decode,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from k2bench.engine.protocol import RequestError, StopStrings, parse_common, parse_messages, parse_prompt
 
 pytestmark = pytest.mark.engine

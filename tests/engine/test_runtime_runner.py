@@ -6,13 +6,14 @@ import random
 
 import pytest
 import torch
+from runtime_fakes import FakeConfig, FakeModel, reference_next
+
 from k2bench.engine.block_manager import BlockManager
 from k2bench.engine.engine import LLMEngine
 from k2bench.engine.runner import ModelRunner, StepInputs
 from k2bench.engine.runtime_config import RuntimeConfig
 from k2bench.engine.scheduler import Scheduler
 from k2bench.engine.sequence import SamplingParams, Sequence
-from runtime_fakes import FakeConfig, FakeModel, reference_next
 
 pytestmark = pytest.mark.engine
 

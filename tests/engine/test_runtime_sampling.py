@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from k2bench.engine.sampling import filter_logits, sample
 from k2bench.engine.sequence import SamplingParams, Sequence
 

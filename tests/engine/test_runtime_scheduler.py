@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from k2bench.engine.block_manager import BlockManager
 from k2bench.engine.runtime_config import RuntimeConfig
 from k2bench.engine.scheduler import Scheduler

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
 

@@ -164,6 +164,7 @@ def test_split_heuristic_uses_shapes_only():
 
 def test_mla_decode_rejects_bad_shapes():
     import torch
+
     from k2bench.engine.kernels.triton_attention import mla_decode
 
     lens = torch.ones(2, dtype=torch.long)

@@ -203,6 +203,7 @@ def test_expanded_prefill_equals_absorbed_attention(n, ctx):
     """The triton backend's prefill (expanded form, SDPA, lower-right causal) against the torch
     backend's absorbed attention over the same paged cache (float64 inputs)."""
     import torch
+
     from k2bench.engine.attn_meta import AttentionMetadata
     from k2bench.engine.kernels.torch_backend import TorchBackend
     from k2bench.engine.kernels.triton_backend import prefill_attention

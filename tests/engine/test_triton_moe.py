@@ -287,6 +287,7 @@ def test_on_cuda_without_host_sync(variant, splits):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     import torch.nn.functional as F
+
     from k2bench.engine.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
     E, H, L, k, T = 16, 7168, 512, 8, 5

@@ -4,8 +4,9 @@ precision a sweep reads from the model config."""
 from __future__ import annotations
 
 import pytest
+
+from k2bench.errors import UserError
 from k2bench.harness.cli import main
-from k2bench.harness.errors import UserError
 from k2bench.harness.sweep import parse_concurrency
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
+
+from k2bench.errors import ServerError, UserError
 from k2bench.harness import launch, recipes
-from k2bench.harness.errors import ServerError, UserError
 
 
 def _alive(pid: int) -> bool:

@@ -10,8 +10,9 @@ import urllib.request
 
 import pytest
 from conftest import free_port
+
+from k2bench.errors import ServerError
 from k2bench.harness import launch
-from k2bench.harness.errors import ServerError
 from k2bench.harness.loadgen import LevelSpec, Prompt, level_failure, probe, run, run_level
 from k2bench.harness.metrics import summarize_level
 
@@ -183,6 +184,7 @@ async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> Non
     """A server that frames SSE unusually: CRLF line ends, comments, event names, chat deltas,
     an empty-content message, and writes cut at arbitrary byte offsets."""
     from aiohttp import web
+
     from k2bench.harness.loadgen import make_session, stream_one
     from k2bench.harness.records import RequestRecord
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from k2bench.harness.errors import UserError
+
+from k2bench.errors import UserError
 from k2bench.harness.metrics import request_metrics, stats, summarize_level
 from k2bench.harness.records import RequestRecord
 

@@ -7,11 +7,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+from store_helpers import run_meta, write_levels
+
 from k2bench.harness.cli import main
 from k2bench.harness.metrics import summarize_level
 from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import Store
-from store_helpers import run_meta, write_levels
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"
 

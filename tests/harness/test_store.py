@@ -13,12 +13,13 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from k2bench.harness.errors import UserError
+from sqlalchemy import create_engine, inspect, text
+from store_helpers import make_level, run_meta, write_levels
+
+from k2bench.errors import UserError
 from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.metrics import summarize_level
 from k2bench.harness.store import Store, default_db_url
-from sqlalchemy import create_engine, inspect, text
-from store_helpers import make_level, run_meta, write_levels
 
 HERE = Path(__file__).parent
 PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
@@ -204,6 +205,7 @@ def test_migrations_match_models(db_url):
     """A fresh database migrated by Alembic has exactly the schema the ORM models describe."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
+
     from k2bench.harness.store.models import Base
 
     Store.open(db_url).close()
@@ -370,6 +372,7 @@ def test_stamp_codec_round_trips_exactly(stamps):
 def test_upgrade_from_first_revision_keeps_data(db_url):
     """A database created by revision 0001 (before runs.writer_start) migrates on open, data intact."""
     from alembic import command
+
     from k2bench.harness.store import db as dbmod
 
     if db_url.startswith("sqlite:///"):

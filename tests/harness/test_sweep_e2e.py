@@ -10,9 +10,10 @@ import sys
 
 import pytest
 from conftest import free_port
+
+from k2bench.errors import UserError
 from k2bench.harness import launch
 from k2bench.harness.cli import main
-from k2bench.harness.errors import UserError
 from k2bench.harness.store import Store
 from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
 from k2bench.workloads.loader import Workload

@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 import pytest
+
+from k2bench.errors import UserError
 from k2bench.harness import launch
-from k2bench.harness.errors import UserError
 from k2bench.workloads import loader
 
 
@@ -144,7 +145,8 @@ async def test_text_mode_unusable_tokenizer_answer_is_a_server_error(answer: str
     """A 200 that is not JSON, or JSON without the expected field, is one clear error, not a traceback."""
     from aiohttp import web
     from conftest import free_port
-    from k2bench.harness.errors import ServerError
+
+    from k2bench.errors import ServerError
 
     async def detokenize(request: web.Request) -> web.Response:
         return web.Response(text=answer)

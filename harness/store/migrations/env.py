@@ -4,6 +4,7 @@ it already holds (inside a write transaction), passed in config.attributes["conn
 from __future__ import annotations
 
 from alembic import context
+
 from k2bench.harness.store.models import Base
 
 connection = context.config.attributes.get("connection")

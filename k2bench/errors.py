@@ -1,4 +1,5 @@
-"""Errors a user can fix. The CLI prints them as one line and exits non-zero, without a traceback."""
+"""Errors a user can fix, shared by the harness, the engine and the workloads. The CLI prints them as
+one line and exits with the error's code, without a traceback."""
 
 from __future__ import annotations
 
