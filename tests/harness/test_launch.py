@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import launch, recipes
+from k2bench.net import free_port
 
 
 def _alive(pid: int) -> bool:

@@ -9,13 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import free_port
 
 from k2bench.errors import UserError
 from k2bench.harness import launch
 from k2bench.harness.cli import main
 from k2bench.harness.store import Store
 from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
+from k2bench.net import free_port
 from k2bench.workloads.loader import Workload
 
 
@@ -183,7 +183,7 @@ def test_launched_server_dying_mid_sweep_shows_its_log(tmp_path, capsys) -> None
 
     cfg = SweepConfig(levels=[1, 2], workload=Workload(name="w", isl=8, osl=4), engine="testserver",
                       num_prompts=2, warmup=0, db=db, log_dir=str(tmp_path / "logs"))
-    with pytest.raises(Exception, match=r"(?s)all 2 requests failed.*server exited with code -9.*k2bench launch"):
+    with pytest.raises(Exception, match=r"(?s)all 2 requests failed.*server was killed by signal 9 \(SIGKILL\).*k2bench launch"):
         run_sweep(cfg, LevelEvents(level_done=kill_server))
     with Store.open(db, readonly=True) as store:
         assert store.list_runs()[0]["status"] == "partial"
