@@ -1,6 +1,8 @@
 """A sweep: one server (attached or launched), one workload, a level per concurrency (x trials).
 
-cli -> sweep -> (launch, workload, loadgen) -> metrics -> store. Each level is summarised and
+cli -> sweep -> (launch, workload, loadgen) -> metrics -> store. This module holds the level loop;
+the server comes from `launch.open_server`, what the run records about its origin from
+`provenance`, the prompts from `k2bench.workloads.prompts`. Each level is summarised and
 committed to the store as soon as it finishes, so Ctrl-C or a crash keeps every finished level
 and the run is marked partial; a run with no finished level is marked failed.
 """
