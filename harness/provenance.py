@@ -97,3 +97,10 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def device_label(hardware: str | None, count: int) -> str:
+    """'1 CPU' or '4 GPU(s)': what tok/s/GPU was divided by, named truthfully."""
+    if (hardware or "").startswith("cpu"):
+        return f"{count} CPU" + ("s" if count > 1 else "")
+    return f"{count} GPU(s)"

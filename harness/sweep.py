@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import launch, provenance
+from k2bench.harness import estimate, launch, provenance
+from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord
+from k2bench.harness.validity import ValidityRules, judge_level
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
 
@@ -53,6 +55,9 @@ class SweepConfig:
     log_dir: str = "results/logs"
     api_key: str | None = None
     notes: str | None = None
+    rules: ValidityRules = field(default_factory=ValidityRules)
+    level_timeout_s: float | None = None  # bounds a whole level, warmup included
+    command_line: list[str] | None = None  # the k2bench arguments, for the reproducible record
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -63,6 +68,10 @@ class SweepConfig:
         if self.warmup is not None:
             return self.warmup
         return round((2 if self.warmup_x is None else self.warmup_x) * conc)
+
+    def planned_levels(self) -> list[estimate.Level]:
+        return [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels
+                for _ in range(self.trials)]
 
     def validate(self) -> None:
         if self.url and self.engine:
@@ -82,6 +91,9 @@ class SweepConfig:
             raise UserError("--warmup as a multiple of the concurrency must be 0 or more (e.g. 0.5x)")
         if self.timeout_s <= 0:
             raise UserError("--timeout must be positive")
+        if self.level_timeout_s is not None and self.level_timeout_s <= 0:
+            raise UserError("--level-timeout must be positive")
+        self.rules.validate()
         if not self.levels:
             raise UserError("--conc gave no levels")
 
@@ -95,12 +107,27 @@ class LevelEvents:
     message: Callable[[str], None] | None = None
 
 
+# Exit codes of `k2bench sweep` (and the meaning of SweepResult.exit_code)
+EXIT_OK = 0  # every level valid
+EXIT_INVALID = 1  # some level stored invalid (its reason is kept with it)
+EXIT_USAGE = 2  # bad input: nothing was measured
+EXIT_SERVER = 3  # the server died, stopped answering, or could not be used
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the finished levels are kept
+EXIT_CODES = ((EXIT_OK, "every level valid"), (EXIT_INVALID, "some level invalid (stored with its reason)"),
+              (EXIT_USAGE, "bad input; nothing measured"),
+              (EXIT_SERVER, "server problem (died, stopped answering, unusable answers); finished levels kept"),
+              (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM); finished levels kept"))
+
+
 @dataclass
 class SweepResult:
-    run_id: int
+    run_id: int | None  # None: no level finished, so no run was stored
     status: str
     points: list[dict]
     meta: dict
+    planned: int = 0  # levels x trials asked for
+    exit_code: int = EXIT_OK
+    problem: str | None = None  # why the sweep ended early (server death), for the CLI to print
 
 
 @contextlib.contextmanager
@@ -127,6 +154,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
+    """Measure every level, storing each as it finishes. The run is created with its first level, so
+    a sweep that measured nothing leaves nothing behind."""
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
 
@@ -134,76 +163,123 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
-    run_id: int | None = None
-    points: list[dict] = []
-    status = "failed"
-    meta: dict = {}
+    result = SweepResult(run_id=None, status="running", points=[], meta={},
+                         planned=len(cfg.levels) * cfg.trials)
     try:
         with _sigterm_as_interrupt(), launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
                 log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key, say=say) as srv:
-            served = srv.served_models
-            request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
-            model_dir: Path | None = srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir()
-                                                       else None)
-            vocab = prompt_gen.vocabulary_from_model_dir(model_dir) if model_dir else None
-            model_name = model_dir.name if model_dir else (cfg.model or request_model or "unknown")
-            num_gpus = cfg.gpus or cfg.tp
+            request_model, vocab, meta = _describe_run(cfg, srv, say)
+            result.meta = meta
             w = cfg.workload
-            meta = {
-                "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
-                "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
-                "engine": srv.engine, "engine_version": srv.version,
-                "engine_flags": srv.flags, "server_command": srv.command,
-                "model": model_name,
-                "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir
-                                                                else None),
-                "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": num_gpus, "tp": cfg.tp,
-                "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
-                "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
-                "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
-                          "request_model": request_model, "prompt_mode": w.mode,
-                          "vocabulary": vocab.source if vocab else None, "versions": provenance.versions()},
-            }
-            if cfg.commit is None and meta["commit"] and provenance.git_dirty():
-                meta["extra"]["git_dirty"] = True
-                say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
-                    "against it with extra.git_dirty = true (commit first, or pass --commit)")
-            run_id = store.create_run(meta)
-            say(f"run {run_id}: {srv.engine} {model_name} on {meta['hardware']}, workload {w.name} "
+            say(f"{srv.engine} {meta['model']} on {meta['hardware']}, workload {w.name} "
                 f"(ISL {w.isl}, OSL {w.osl}), levels {','.join(map(str, cfg.levels))}")
-            for conc in cfg.levels:
-                for trial in range(cfg.trials):
-                    n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
-                    # one distinct prompt per request, warmup included: a server with prefix caching
-                    # must not get measured requests it has already seen
-                    prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
-                                                       vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
-                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
-                                     num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                    on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    records = run_async(run_level(spec, prompts, on_done))
-                    reason = level_failure(records)
-                    if reason:
-                        died = srv.death_note()
-                        raise ServerError(f"concurrency {conc}: {reason}" + (f"\n{died}" if died else ""))
-                    point = summarize_level(records, concurrency=conc, num_gpus=num_gpus, trial=trial)
-                    store.add_point(run_id, point, records)
-                    points.append(point)
+            speed = _probe_speed(cfg, srv.url, request_model, vocab)
+            if speed is not None:
+                seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
+                warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
+                say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
+            for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
+                n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
+                # one distinct prompt per request, warmup included: a server with prefix caching
+                # must not get measured requests it has already seen
+                prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
+                                                   vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
+                                 num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
+                watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
+                records = run_async(run_level(spec, prompts, on_done, watch))
+                if watch.prompts_rejected:
+                    raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not in "
+                                    f"the server's vocabulary: pass --model <folder or id> so prompts use it")
+                failure = level_failure(records) if watch.stopped is None else None
+                if failure:
+                    died = srv.death_note()
+                    raise ServerError(f"concurrency {conc}: {failure}" + (f"\n{died}" if died else ""))
+                if not any(not r.warmup for r in records):  # stopped before a measured request was sent
+                    point = None
+                else:
+                    point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
+                    point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
+                                                                          stopped=watch.stopped)
+                    if result.run_id is None:
+                        result.run_id = store.create_run(meta)
+                    store.add_point(result.run_id, _storable(point), records)
+                    result.points.append(point)
                     if events.level_done:
                         events.level_done(point)
-        status = "complete"
+                if watch.server_down:
+                    result.exit_code = EXIT_SERVER
+                    result.problem = f"concurrency {conc}: {watch.stopped}"
+                    break
+        if result.exit_code == EXIT_OK:
+            result.status = "complete"
+            if any(not p["valid"] for p in result.points):
+                result.exit_code = EXIT_INVALID
+    except KeyboardInterrupt:
+        result.exit_code = EXIT_INTERRUPTED
     finally:
         try:
-            if run_id is not None:
-                if status != "complete":
-                    status = "partial" if points else "failed"
-                store.finish_run(run_id, status)
+            if result.status != "complete":
+                result.status = "partial" if any(p["valid"] for p in result.points) else "failed"
+            if result.run_id is not None:
+                store.finish_run(result.run_id, result.status)
                 if cfg.json_path:
                     from k2bench.harness import runjson
 
-                    runjson.write_doc(store.export_run(run_id), cfg.json_path)
+                    runjson.write_doc(store.export_run(result.run_id), cfg.json_path)
         finally:  # a failed finish or JSON write must not leave the database open
             store.close()
-    return SweepResult(run_id=run_id, status=status, points=points, meta=meta)
+    return result
 
+
+def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Speed | None:
+    """One request of the workload's lengths, timed, for the up-front estimate of a large sweep (None for
+    a sweep quick anywhere, or when the request fails: the first level will then say why)."""
+    from k2bench.harness.metrics import request_metrics
+
+    w = cfg.workload
+    if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
+        return None
+    prompts = prompt_gen.build_prompts(w, 1, base_url=url, model=model, vocab=vocab, seed=w.seed * 1_000_003 - 1)
+    spec = LevelSpec(base_url=url, model=model, concurrency=1, num_prompts=1, num_warmup=0, timeout_s=cfg.timeout_s,
+                     api_key=cfg.api_key)
+    rec = run_async(run_level(spec, prompts))[0]
+    m = request_metrics(rec, with_itl=False)
+    if m["ttft_ms"] is None or m["tpot_ms"] is None:
+        return None
+    return estimate.Speed(ttft_s=m["ttft_ms"] / 1000, tpot_s=m["tpot_ms"] / 1000)
+
+
+def _storable(point: dict) -> dict:
+    """The level as the store takes it (validity travels beside it until the schema carries it)."""
+    return {k: v for k, v in point.items() if k not in ("valid", "invalid_reason")}
+
+
+def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str], None]):
+    """The model id to request, the vocabulary prompts draw from, and what the run records."""
+    served = srv.served_models
+    request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
+    model_dir: Path | None = srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir() else None)
+    vocab = prompt_gen.vocabulary_from_model_dir(model_dir) if model_dir else None
+    w = cfg.workload
+    meta = {
+        "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
+        "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
+        "engine": srv.engine, "engine_version": srv.version,
+        "engine_flags": srv.flags, "server_command": srv.command,
+        "model": model_dir.name if model_dir else (cfg.model or request_model or "unknown"),
+        "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
+        "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
+        "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
+        "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
+        "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
+                  "request_model": request_model, "prompt_mode": w.mode,
+                  "vocabulary": vocab.source if vocab else None, "versions": provenance.versions()},
+    }
+    if cfg.commit is None and meta["commit"] and provenance.git_dirty():
+        meta["extra"]["git_dirty"] = True
+        say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
+            "against it with extra.git_dirty = true (commit first, or pass --commit)")
+    return request_model, vocab, meta
