@@ -82,8 +82,8 @@ class LevelWatch:
         if note:
             self.stop(note, server_down=True)
         elif self._streak >= self.connection_errors_to_stop:
-            self.stop(f"the server stopped answering: {self._streak} connection errors in a row "
-                      f"(last: {rec.error})", server_down=True)
+            self.stop(f"the server is gone: {self._streak} connection errors in a row with no success "
+                      f"between (last: {rec.error})", server_down=True)
 
     async def watch(self, deadline_ns: int | None) -> None:
         while self.stopped is None:

@@ -128,6 +128,7 @@ class SweepResult:
     planned: int = 0  # levels x trials asked for
     exit_code: int = EXIT_OK
     problem: str | None = None  # why the sweep ended early (server death), for the CLI to print
+    unmeasured: int = 0  # levels stopped during warmup (--level-timeout): not stored, but not valid either
 
 
 @contextlib.contextmanager
@@ -199,6 +200,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     raise ServerError(f"concurrency {conc}: {failure}" + (f"\n{died}" if died else ""))
                 if not any(not r.warmup for r in records):  # stopped before a measured request was sent
                     point = None
+                    result.unmeasured += 1
+                    say(f"concurrency {conc}: nothing measured, stopped during warmup: {watch.stopped}")
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
@@ -215,7 +218,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     break
         if result.exit_code == EXIT_OK:
             result.status = "complete"
-            if any(not p["valid"] for p in result.points):
+            if result.unmeasured or any(not p["valid"] for p in result.points):
                 result.exit_code = EXIT_INVALID
     except KeyboardInterrupt:
         result.exit_code = EXIT_INTERRUPTED
@@ -242,7 +245,8 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     w = cfg.workload
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
         return None
-    prompts = prompt_gen.build_prompts(w, 1, base_url=url, model=model, vocab=vocab, seed=w.seed * 1_000_003 - 1)
+    # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompt is not one a level sends
+    prompts = prompt_gen.build_prompts(w, 1, base_url=url, model=model, vocab=vocab, seed=w.seed * 1_000_003 + 1)
     spec = LevelSpec(base_url=url, model=model, concurrency=1, num_prompts=1, num_warmup=0, timeout_s=cfg.timeout_s,
                      api_key=cfg.api_key)
     rec = run_async(run_level(spec, prompts))[0]
@@ -261,7 +265,8 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
     """The model id to request, the vocabulary prompts draw from, and what the run records."""
     served = srv.served_models
     request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
-    model_dir: Path | None = srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir() else None)
+    model_dir: Path | None = (srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir() else None)
+                              or srv.model_root(request_model))
     vocab = prompt_gen.vocabulary_from_model_dir(model_dir) if model_dir else None
     w = cfg.workload
     meta = {

@@ -101,8 +101,11 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
         if result.run_id is None:
             err.print("no level finished; nothing was stored", highlight=False, markup=False)
         else:
-            err.print(f"run {result.run_id} kept as {result.status}: {len(result.points)} of {result.planned} "
-                      f"levels", highlight=False, markup=False)
+            valid = sum(1 for p in result.points if p["valid"])
+            invalid = len(result.points) - valid
+            more = f" ({invalid} more stored invalid)" if invalid else ""
+            err.print(f"run {result.run_id} kept as {result.status}: {valid} of {result.planned} levels{more}",
+                      highlight=False, markup=False)
     if result.run_id is None:
         return
     if cfg.json_path:
