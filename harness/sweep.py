@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import estimate, launch, provenance
+from k2bench.harness import estimate, launch, provenance, repro
 from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
@@ -273,7 +273,8 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
         "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
         "engine": srv.engine, "engine_version": srv.version,
-        "engine_flags": srv.flags, "server_command": srv.command,
+        "engine_flags": repro.mask_argv(srv.flags) if srv.flags else srv.flags,
+        "server_command": repro.mask_command(srv.command),
         "model": model_dir.name if model_dir else (cfg.model or request_model or "unknown"),
         "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
@@ -281,7 +282,9 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
                   "request_model": request_model, "prompt_mode": w.mode,
-                  "vocabulary": vocab.source if vocab else None, "versions": provenance.versions()},
+                  "vocabulary": vocab.source if vocab else None, "versions": provenance.versions(),
+                  "repro": repro.record(cfg.command_line, srv.command,
+                                        repro.server_env(srv.launched.env) if srv.launched else None, srv.url, w)},
     }
     if cfg.commit is None and meta["commit"] and provenance.git_dirty():
         meta["extra"]["git_dirty"] = True

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("show", help="one run: metadata and its per-level table")
     s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
+    s.add_argument("--repro", action="store_true",
+                   help="print a shell sequence that re-runs the measurement (commands, environment, versions)")
     add_db_arg(s)
     s.set_defaults(handler=_show)
 
@@ -136,6 +138,11 @@ def _show(args) -> int:
     with _open(args) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
+    if args.repro:
+        from k2bench.harness.repro import script
+
+        print(script(run, len(doc["points"])), end="")
+        return 0
     console = table_console()
     lines = [("run", str(run["id"])), ("status", _status_text(run))]
     for key in ("started_at", "finished_at", "commit", "branch", "engine", "engine_version", "model", "precision",
