@@ -210,6 +210,11 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
     statuses = {v.status for v in verdicts} | ({fv.status} if fv else set())
     overall = ("regression" if "regression" in statuses else
                "improvement" if "improvement" in statuses else "unchanged")
+    unconfirmed = sum(1 for v in verdicts if v.status == "unconfirmed") + (fv is not None and fv.status == "unconfirmed")
+    if unconfirmed:
+        notes.append(f"{unconfirmed} change(s) unconfirmed (shown, never failing the gate): the requests of one run "
+                     f"share its machine state, so they cannot confirm a change between runs; to confirm, sweep "
+                     f"with --trials K (K >= 3) or keep at least {cfg.min_history} comparable baseline runs")
     return RegressResult(candidate_runs=cand_runs, baseline_runs=base_runs, history_runs=hist_runs,
                          verdicts=verdicts, frontier=fv, overall=overall, notes=notes)
 
@@ -255,7 +260,10 @@ def decide(m: Metric, conc: int, b_vals: np.ndarray, c_vals: np.ndarray, h_vals:
         rank, v.mw_source = stats.mann_whitney(b_samples, c_samples, alternative), "requests"
     if rank is not None:
         v.mw_p = rank.p_value
-        tests.append(rank.p_value)
+        # One run's requests share its machine state (load, clocks, thermals): they are not independent
+        # evidence of a change between runs. They confirm only beside a noise history of enough runs.
+        if v.mw_source == "trials" or v.noise_p is not None:
+            tests.append(rank.p_value)
     else:
         v.mw_source = None
     v.significant = all(p < cfg.alpha for p in tests) if tests else None
