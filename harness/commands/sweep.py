@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import re
+import textwrap
 
 from k2bench.errors import UserError
 from k2bench.harness.commands.common import add_db_arg
@@ -29,8 +30,8 @@ def exit_code_table() -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", help="benchmark a server over concurrency levels and store the run",
-        description="Closed-loop sweep over concurrency levels; each finished level is stored at once. "
-                    + DEFAULTS_NOTE,
+        description=textwrap.fill("Closed-loop sweep over concurrency levels; each finished level is stored at "
+                                  "once. " + DEFAULTS_NOTE, width=100),  # the raw formatter keeps the epilog's table
         epilog=exit_code_table(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     target = p.add_argument_group("server (attach with --url, or launch with --engine)")
