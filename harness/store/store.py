@@ -303,10 +303,7 @@ def _run_dict(run: Run, levels: int) -> dict:
 
 
 def _point_dict(p: Point) -> dict:
-    out = schema.from_columns(schema.POINT, p)
-    if out["extra"] is None:  # optional free-form field: absent unless used
-        del out["extra"]
-    return out
+    return schema.from_columns(schema.POINT, p)  # every field, null where not measured
 
 
 def _record_row(r: RequestRecord, run_id: int, point_id: int, trial: int) -> dict:
