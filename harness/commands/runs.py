@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from k2bench.harness.commands.common import add_db_arg, table_console
+
 if TYPE_CHECKING:
     from rich.table import Table
 
-DB_HELP = "database URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,36 +27,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload")
     p.add_argument("--status", choices=["running", "complete", "partial", "failed"], help="stored status")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0 = all)")
-    p.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(p)
     p.set_defaults(handler=_runs)
 
     s = sub.add_parser("show", help="one run: metadata and its per-level table")
     s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
-    s.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(s)
     s.set_defaults(handler=_show)
 
     e = sub.add_parser("export", help="write a run as k2bench.run/1 JSON")
     e.add_argument("run", metavar="RUN", help="run id")
     e.add_argument("--json", required=True, metavar="PATH", dest="json_path", help="file to write")
     e.add_argument("--requests", action="store_true", help="include every request's raw stamps")
-    e.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(e)
     e.set_defaults(handler=_export)
 
     i = sub.add_parser("import", help="store k2bench.run/1 JSON files as new runs",
                        description="Every file is validated before anything is written; each file is then "
                                    "stored in one transaction (all of it or none of it).")
     i.add_argument("files", nargs="+", metavar="FILE")
-    i.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(i)
     i.set_defaults(handler=_import)
-
-
-def _console():
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:  # pipes and tests: do not squeeze the tables into 80 columns
-        console = Console(width=200)
-    return console
 
 
 def _date(iso: str | None) -> str:
@@ -111,7 +103,7 @@ def _runs(args) -> int:
         filters["limit"] = args.limit
     with _open(args) as store:
         runs = store.list_runs(**filters)
-    console = _console()
+    console = table_console()
     if not runs:
         console.print("no runs stored yet (run `k2bench sweep` or `k2bench import FILE`)")
         return 0
@@ -139,7 +131,7 @@ def _show(args) -> int:
     with _open(args) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
-    console = _console()
+    console = table_console()
     lines = [("run", str(run["id"])), ("status", _status_text(run))]
     for key in (s.name for s in schema.RUN if s.name not in ("id", "status")):
         value = run.get(key)
