@@ -19,11 +19,9 @@ import re
 from dataclasses import dataclass, field
 
 from k2bench.errors import UserError
+from k2bench.harness.fingerprint import fingerprint_fields
 from k2bench.harness.provenance import git
 
-# Used when k2bench.harness.fingerprint is not importable (it is the store's module).
-FALLBACK_FIELDS = ("engine", "engine_version", "engine_flags", "model", "precision", "hardware",
-                   "num_gpus", "tp", "workload", "isl", "osl", "range_ratio")
 USABLE_STATUS = ("complete", "partial")
 MODES = ("auto", "merge-base", "latest")
 
@@ -49,14 +47,6 @@ class Selection:
     baseline: list[dict] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
     reason: str = ""  # why these runs (or why none)
-
-
-def fingerprint_fields(meta: dict) -> dict:
-    try:
-        from k2bench.harness.fingerprint import fingerprint_fields as ff
-    except ImportError:
-        return {k: meta.get(k) for k in FALLBACK_FIELDS}
-    return ff(meta)
 
 
 def differing_fields(a: dict, b: dict) -> list[str]:

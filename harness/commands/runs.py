@@ -52,21 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.set_defaults(handler=_import)
 
 
-def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
 def _date(iso: str | None) -> str:
     return "-" if not iso else iso[:16].replace("T", " ")
 
 
 def points_table(points: list[dict], title: str | None = None) -> Table:
-    """The per-level table (also what a sweep prints at its end): one row per level and trial."""
+    """The per-level table (also what a sweep prints at its end): one row per level and trial.
+
+    Its columns are the catalogue's table metrics and the schema's labelled per-level fields."""
     from rich.table import Table
+
+    from k2bench.harness import schema
+    from k2bench.harness.catalogue import TABLE_METRICS
 
     trials = len({p.get("trial", 0) for p in points}) > 1
     mismatches = any(p.get("osl_mismatches") for p in points)
@@ -74,23 +71,19 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     table.add_column("conc", justify="right")
     if trials:
         table.add_column("trial", justify="right")
-    for name in ("tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2EL p50 ms", "failed"):
+    for name in (*(m.header for m in TABLE_METRICS), *(f.label for f in schema.LEVEL_TABLE_FIELDS), "failed"):
         table.add_column(name, justify="right")
     if mismatches:
         table.add_column("OSL mismatch", justify="right")
     for p in points:
+        flat = schema.to_columns(schema.POINT, p)
         row = [str(p["concurrency"])]
         if trials:
             row.append(str(p.get("trial", 0)))
-        row += [
-            _fmt(p.get("tput_per_gpu")),
-            _fmt((p.get("interactivity") or {}).get("median")),
-            _fmt(p["ttft_ms"]["median"]),
-            _fmt(p["ttft_ms"]["p99"]),
-            _fmt(p["tpot_ms"]["median"], 2),
-            _fmt(p["e2el_ms"]["median"]),
-            f"{p['failed']}/{p['num_prompts']}",
-        ]
+        row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
+        row += ["-" if flat.get(f.name) is None else f"{flat[f.name]:,.{f.decimals}f}"
+                for f in schema.LEVEL_TABLE_FIELDS]
+        row.append(f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
         table.add_row(*row)
@@ -135,6 +128,8 @@ def _status_text(run: dict) -> str:
 def _show(args) -> int:
     import json
 
+    from k2bench.harness import schema
+
     with _open(args) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
@@ -145,9 +140,7 @@ def _show(args) -> int:
         return 0
     console = table_console()
     lines = [("run", str(run["id"])), ("status", _status_text(run))]
-    for key in ("started_at", "finished_at", "commit", "branch", "engine", "engine_version", "model", "precision",
-                "hardware", "num_gpus", "tp", "workload", "isl", "osl", "range_ratio", "trials", "fingerprint",
-                "server_command", "engine_flags", "tags", "client", "notes", "extra"):
+    for key in (s.name for s in schema.RUN if s.name not in ("id", "status")):
         value = run.get(key)
         if value is None or value == {} or value == []:
             continue

@@ -14,6 +14,7 @@ import pytest
 from k2bench.errors import UserError
 from k2bench.harness import launch
 from k2bench.harness.cli import main
+from k2bench.harness.runjson import schema_name
 from k2bench.harness.store import Store
 from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
 from k2bench.net import free_port
@@ -38,7 +39,7 @@ def test_sweep_launches_measures_stores_and_writes_json(tmp_path, capsys, monkey
     assert code == 0, captured.err
     assert "tok/s/GPU" in captured.out and "TTFT p50" in captured.out
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "k2bench.run/1"
+    assert doc["schema"] == schema_name()  # the version this k2bench writes
     run = doc["run"]
     assert run["status"] == "complete" and run["engine"] == "testserver" and run["commit"] == "abc123"
     assert run["tags"] == {"purpose": "test", "k": "v=w"}
