@@ -79,9 +79,12 @@ def load_runs(store) -> pd.DataFrame:
     return df
 
 
-def load_points(store, run_ids=None) -> pd.DataFrame:
-    """Points of the given runs (all runs when None) with configuration labels."""
+def load_points(store, run_ids=None, include_invalid: bool = False) -> pd.DataFrame:
+    """Points of the given runs (all runs when None) with configuration labels. Invalid levels (kept
+    in the store with their reason) are left out unless asked for, as in frontiers and the gate."""
     df = store.points_frame(run_ids=None if run_ids is None else list(run_ids))
+    if not include_invalid and "valid" in df.columns:
+        df = df[df["valid"].fillna(False).astype(bool)]
     if df.empty:
         return df.assign(config=pd.Series(dtype=str))
     df = df.copy()

@@ -135,6 +135,10 @@ def validate_run(run, where: str = "run") -> dict:
 
 def validate_point(point, where: str = "point") -> dict:
     out = _check_fields(point, schema.POINT, where)
+    if out["valid"] is None:  # a level summarised without a validity verdict counts when nothing failed
+        out["valid"] = out["failed"] == 0
+        if not out["valid"] and out["invalid_reason"] is None:
+            out["invalid_reason"] = f"{out['failed']} of {out['num_prompts']} requests failed"
     if out["completed"] + out["failed"] != out["num_prompts"]:
         raise UserError(f"{where}: completed + failed ({out['completed']} + {out['failed']}) != num_prompts ({out['num_prompts']})")
     return out

@@ -35,9 +35,7 @@ from k2bench.errors import UserError
 from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
-SCHEMA_VERSION = 1
-# UPGRADES[n] turns a version-n document into version n + 1 (e.g. {1: update_to_2}).
-UPGRADES: dict[int, Callable[[dict], dict]] = {}
+SCHEMA_VERSION = 2
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
@@ -146,6 +144,10 @@ class Point:
     output_tput_per_gpu: float | None = col("float?", Float(), "output tokens / duration / GPUs")
     input_tput_per_gpu: float | None = col("float?", Float(), "input tokens / duration / GPUs")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    # validity (version 2): an invalid level is kept but left out of frontiers, the gate and change points
+    valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.validity); absent: no request "
+                      "failed", nullable=False)
+    invalid_reason: str | None = col("str?", Text(), "why the level does not count (null when valid)")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")
@@ -174,6 +176,19 @@ class Request:
     output_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.completion_tokens")
     success: bool = col("bool", Boolean(), "completed without error", required=True, nullable=False)
     error: str | None = col("str?", Text(), "first error message")
+
+
+def update_to_2(doc: dict) -> dict:
+    """Version 2 added a level's validity: an older level counts when none of its requests failed."""
+    for point in doc.get("points") or []:
+        if isinstance(point, dict) and "valid" not in point:
+            point["valid"] = point.get("failed") == 0
+            point["invalid_reason"] = None if point["valid"] else "requests failed (recorded before validity was)"
+    return doc
+
+
+# UPGRADES[n] turns a version-n document into version n + 1.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
 
 
 def specs(cls: type) -> tuple[Spec, ...]:

@@ -208,7 +208,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
                         result.run_id = store.create_run(meta)
-                    store.add_point(result.run_id, _storable(point), records)
+                    store.add_point(result.run_id, point, records)
                     result.points.append(point)
                     if events.level_done:
                         events.level_done(point)
@@ -254,11 +254,6 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     if m["ttft_ms"] is None or m["tpot_ms"] is None:
         return None
     return estimate.Speed(ttft_s=m["ttft_ms"] / 1000, tpot_s=m["tpot_ms"] / 1000)
-
-
-def _storable(point: dict) -> dict:
-    """The level as the store takes it (validity travels beside it until the schema carries it)."""
-    return {k: v for k, v in point.items() if k not in ("valid", "invalid_reason")}
 
 
 def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str], None]):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from k2bench.harness.analysis import baseline as bl
-from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, per_run
+from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, counted, per_run
 
 
 @dataclass
@@ -18,6 +18,7 @@ class GateOutput:
 
 
 def _plot_points(points: pd.DataFrame) -> list[tuple[float, float, int]]:
+    points = counted(points)
     if len(points) == 0:
         return []
     pr = per_run(points)

@@ -75,6 +75,9 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         table.add_column(name, justify="right")
     if mismatches:
         table.add_column("OSL mismatch", justify="right")
+    marked = any(p.get("valid") is False for p in points)
+    if marked:
+        table.add_column("valid")
     for p in points:
         flat = schema.to_columns(schema.POINT, p)
         row = [str(p["concurrency"])]
@@ -86,7 +89,9 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         row.append(f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
-        table.add_row(*row)
+        if marked:
+            row.append("yes" if p.get("valid") is not False else "INVALID")
+        table.add_row(*row, style="dim" if p.get("valid") is False else None)
     return table
 
 
@@ -114,7 +119,8 @@ def _runs(args) -> int:
         table.add_column(name, justify="right" if name in ("id", "levels") else "left")
     for r in runs:
         table.add_row(str(r["id"]), _date(r["started_at"]), (r["commit"] or "-")[:10], r["engine"], r["model"],
-                      r["workload"] or "-", r["effective_status"], str(r["levels"]))
+                      r["workload"] or "-", r["effective_status"],
+                      str(r["levels"]) + (f" ({r['invalid_levels']} invalid)" if r.get("invalid_levels") else ""))
     console.print(table)
     return 0
 
@@ -152,8 +158,11 @@ def _show(args) -> int:
         console.print(points_table(doc["points"]))
         trials = len({p["trial"] for p in doc["points"]}) > 1
         for p in doc["points"]:
+            where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")
+            if p.get("valid") is False:
+                console.print(f"{where}: invalid (left out of frontiers, the gate and change points): "
+                              f"{p.get('invalid_reason') or 'no reason stored'}", highlight=False, markup=False)
             if p["errors"]:
-                where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")
                 console.print(f"{where}: first errors: " + "; ".join(p["errors"]), highlight=False, markup=False)
     else:
         console.print("no finished levels")
