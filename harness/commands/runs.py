@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Every file is validated before anything is written; each file is then "
                                    "stored in one transaction (all of it or none of it).")
     i.add_argument("files", nargs="+", metavar="FILE")
+    i.add_argument("--allow-duplicate", action="store_true",
+                   help="store a file whose run is already stored (default: refused, since a copy would shrink "
+                        "the gate's noise estimate)")
     add_db_arg(i)
     i.set_defaults(handler=_import)
 
@@ -187,11 +190,37 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
+    from k2bench.errors import UserError
     from k2bench.harness.runjson import load_doc
 
     docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
     with _open(args) as store:
+        if not args.allow_duplicate:
+            for path, doc in docs:
+                copy = _stored_copy(store, doc)
+                if copy is not None:
+                    raise UserError(f"{path}: this run is already stored as run {copy} (same start, levels and "
+                                    f"numbers); a copy would count twice in the gate's noise estimate. Nothing was "
+                                    f"imported; pass --allow-duplicate to store it anyway")
         for path, doc in docs:
             run_id = store.import_run(doc)
             print(f"imported {path} as run {run_id} ({_levels(doc)})")
     return 0
+
+
+def _stored_copy(store, doc: dict) -> int | None:
+    """The id of a stored run with the same content as ``doc`` (its start time, configuration and every
+    level's numbers), if there is one."""
+    import json
+
+    def key(run: dict, points: list[dict]) -> str:
+        fields = {k: run.get(k) for k in ("started_at", "commit", "engine", "model", "hardware", "workload")}
+        return json.dumps([fields, points], sort_keys=True, default=str)
+
+    want = key(doc["run"], doc["points"])
+    for run in store.list_runs():
+        if run["started_at"] == doc["run"]["started_at"]:
+            stored = store.export_run(run["id"])
+            if key(stored["run"], stored["points"]) == want:
+                return run["id"]
+    return None

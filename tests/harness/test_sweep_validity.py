@@ -43,6 +43,8 @@ def test_attached_server_killed_in_the_third_level(tmp_path, capsys) -> None:
     assert doc["run"]["status"] == "partial" and _runs(db)[0]["status"] == "partial"
     assert [p["concurrency"] for p in doc["points"]] == [4, 8, 16]
     assert [p["failed"] for p in doc["points"][:2]] == [0, 0]
+    assert [p["valid"] for p in doc["points"]] == [True, True, False]
+    assert "the server is gone" in doc["points"][2]["invalid_reason"]
     # level 16 stopped at once: not 144 requests fired at a dead address
     assert doc["points"][2]["num_prompts"] < 16 + 16 + 16
 
@@ -59,6 +61,10 @@ def test_failures_make_a_level_invalid_unless_tolerated(tmp_path, rate: float, v
         result = run_sweep(SweepConfig(levels=[4], workload=Workload(name="w", isl=8, osl=4), url=url,
                                        num_prompts=40, warmup=0, db=db, rules=ValidityRules(max_failure_rate=rate)))
     point = _point_of(result, 4)
+    with Store.open(db, readonly=True) as store:
+        stored = store.export_run(result.run_id)["points"][0]
+    assert (stored["valid"], stored["invalid_reason"], stored["failed"]) == (
+        point["valid"], point["invalid_reason"], 8)
     assert point["failed"] == 8 and point["completed"] == 32
     assert point["ttft_ms"]["median"] is not None and point["tput_per_gpu"] > 0
     assert point["valid"] is valid
@@ -214,3 +220,28 @@ def test_a_sweep_too_big_for_the_server_warns_up_front_and_goes_on(tmp_path, cap
     assert err.index("warning: this sweep will take") < err.index("level conc 4 is invalid")
     with Store.open(db, readonly=True) as store:
         assert len(store.points_frame()) == 6  # it went on through every level
+
+
+def test_a_version_1_file_imports_with_validity_from_its_failures(tmp_path, capsys) -> None:
+    """Files written before validity existed keep importing: a level counts when none of its requests failed."""
+    db = f"sqlite:///{tmp_path}/k.db"
+    with serving(tmp_path, "--ttft-ms", "1", "--itl-ms", "1", "--fail-status", "500", "--fail-every", "3") as url:
+        run_sweep(SweepConfig(levels=[1, 2], workload=Workload(name="w", isl=8, osl=4), url=url, num_prompts=2,
+                              warmup=0, db=db, json_path=str(tmp_path / "v2.json"),
+                              rules=ValidityRules(max_failure_rate=0.5)))
+    doc = json.loads((tmp_path / "v2.json").read_text())
+    assert doc["schema"] == "k2bench.run/2" and [p["failed"] for p in doc["points"]] == [0, 1]
+    doc["schema"] = "k2bench.run/1"
+    for p in doc["points"]:
+        del p["valid"], p["invalid_reason"]
+    (tmp_path / "v1.json").write_text(json.dumps(doc))
+    assert main(["import", str(tmp_path / "v1.json"), "--db", f"sqlite:///{tmp_path}/other.db"]) == 0
+    with Store.open(f"sqlite:///{tmp_path}/other.db", readonly=True) as store:
+        points = store.export_run(1)["points"]
+    assert [p["valid"] for p in points] == [True, False] and "failed" in points[1]["invalid_reason"]
+    capsys.readouterr()
+    assert main(["show", "1", "--db", f"sqlite:///{tmp_path}/other.db"]) == 0
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "conc 2: invalid (left out of frontiers" in out
+    assert main(["runs", "--db", f"sqlite:///{tmp_path}/other.db"]) == 0
+    assert "2 (1 invalid)" in capsys.readouterr().out
