@@ -192,8 +192,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
                 records = run_async(run_level(spec, prompts, on_done, watch))
                 if watch.prompts_rejected:
-                    raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not in "
-                                    f"the server's vocabulary: pass --model <folder or id> so prompts use it")
+                    raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not all in "
+                                    f"the server's vocabulary: pass --model <folder or id> so prompts use the "
+                                    f"server's vocabulary")
                 failure = level_failure(records) if watch.stopped is None else None
                 if failure:
                     died = srv.death_note()

@@ -224,9 +224,11 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
                "improvement" if "improvement" in statuses else "unchanged")
     unconfirmed = sum(1 for v in verdicts if v.status == "unconfirmed") + (fv is not None and fv.status == "unconfirmed")
     if unconfirmed:
+        k = next(k for k in range(2, 64) if stats.min_mann_whitney_p(k, k) < cfg.alpha)
         notes.append(f"{unconfirmed} change(s) unconfirmed (shown, never failing the gate): the requests of one run "
                      f"share its machine state, so they cannot confirm a change between runs; to confirm, sweep "
-                     f"with --trials K (K >= 3) or keep at least {cfg.min_history} comparable baseline runs")
+                     f"both sides with --trials {k} (or more), or keep at least {cfg.min_history} comparable "
+                     f"baseline runs")
     return RegressResult(candidate_runs=cand_runs, baseline_runs=base_runs, history_runs=hist_runs,
                          verdicts=verdicts, frontier=fv, overall=overall, notes=notes)
 

@@ -125,7 +125,7 @@ def test_prompts_outside_the_servers_vocabulary_fail_with_the_fix_and_leave_no_r
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "token id" in err and "outside the vocabulary (0..511)" in err
-    assert "pass --model <folder or id> so prompts use" in err
+    assert "pass --model <folder or id> so prompts use the server's vocabulary" in err
     assert _runs(db) == []
 
 
