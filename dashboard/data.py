@@ -61,8 +61,8 @@ RUN_COLUMNS = ["run_id", *schema.RUN_SUMMARY_FIELDS, "levels"]
 _TIME_FIELDS = [s.name for s in schema.RUN if s.base == "time"]
 # The run page: metadata rows, then one row per level with these columns.
 META_FIELDS = list(schema.RUN_SUMMARY_FIELDS)
-LEVEL_COLUMNS = ["concurrency", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
-                 *(m.column for m in TABLE_METRICS)]
+LEVEL_COLUMNS = ["concurrency", "valid", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
+                 *(m.column for m in TABLE_METRICS), "invalid_reason"]
 
 
 def load_runs(store) -> pd.DataFrame:

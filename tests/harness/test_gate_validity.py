@@ -138,3 +138,33 @@ def test_importing_a_stored_run_again_is_refused_unless_forced(tmp_path, capsys)
     assert main(["import", str(tmp_path / "r.json"), "--db", db, "--allow-duplicate"]) == 0
     with Store.open(db, readonly=True) as store:
         assert len(store.list_runs()) == 2
+
+
+def test_invalid_levels_are_out_of_the_dashboards_defaults_and_change_points(tmp_path) -> None:
+    from k2bench.dashboard import data
+    from k2bench.harness.analysis.changepoints import history_change_points
+
+    db = f"sqlite:///{tmp_path}/k.db"
+    _store_run(db, "9999", "main", {64: (5.0, True), 128: (80.0, False)}, seed=3)
+    with Store.open(db, readonly=True) as store:
+        shown = data.load_points(store)
+        everything = data.load_points(store, include_invalid=True)
+        frame = store.points_frame()
+    assert sorted(shown["concurrency"]) == [64] and sorted(everything["concurrency"]) == [64, 128]
+    table = data.level_table(data.per_run_levels(everything))
+    row = table[table["concurrency"] == 128].iloc[0]
+    assert not row["valid"] and row["invalid_reason"] == "12 of 256 requests failed"
+    # a wildly different invalid level in a long history is never a change point
+    history = frame.copy()
+    runs = []
+    for i in range(12):
+        one = history.copy()
+        one["run_id"] = i + 1
+        one["started_at"] = f"2026-11-{i + 1:02d}T00:00:00Z"
+        if i >= 6:  # the invalid level jumps tenfold half way; the valid one stays
+            one.loc[one["concurrency"] == 128, "tput_per_gpu"] *= 10
+        runs.append(one)
+    import pandas as pd
+
+    rows = history_change_points(pd.concat(runs, ignore_index=True), ("tput_per_gpu",), window=12, min_size=3)
+    assert rows == []
