@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard.views.common import csv_download, run_param_problem
 
 LEVEL_COLUMNS = ["concurrency", "completed", "failed", "duration_s", "tput_per_gpu", "output_tput_per_gpu",
                  "interactivity_median", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "itl_ms_p99",
@@ -21,8 +21,13 @@ def render(url: str, runs: pd.DataFrame) -> None:
     labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
     ids = list(labels)
     wanted = st.query_params.get("run")
-    index = ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0
+    problem = run_param_problem(wanted, cache.runs(url)) if wanted else None
+    index = None if problem else ids.index(int(wanted)) if wanted else 0
     run_id = st.selectbox("Run", ids, index=index, format_func=labels.get, key="detail_run")
+    if run_id is None:
+        st.error(problem)
+        return
+    st.query_params["run"] = str(run_id)
     meta = cache.run(url, run_id)
 
     st.subheader("Metadata")
