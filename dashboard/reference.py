@@ -74,7 +74,7 @@ def matching(reference: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFram
         if hit:
             keep.append(grp)
         else:
-            notes.append(f"Published reference {name} hidden: it is {first['model']} at ISL {_num(first['isl'])} / "
+            notes.append(f"Published reference hidden: {name} is {first['model']} at ISL {_num(first['isl'])} / "
                          f"OSL {_num(first['osl'])}, and no selected configuration runs that model and workload.")
     shown = pd.concat(keep, ignore_index=True) if keep else reference.iloc[0:0]
     return shown, notes

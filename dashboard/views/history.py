@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.dashboard import cache, charts, data
+from k2bench.dashboard import cache, charts, data, labels
 from k2bench.dashboard.views.common import csv_download
 from k2bench.harness.analysis.changepoints import DEFAULT_MIN_SIZE
 
@@ -16,10 +16,14 @@ ALL = "(all branches)"
 
 
 def config_options(runs: pd.DataFrame) -> dict[str, str]:
-    """fingerprint -> label, most recently run configuration first."""
+    """fingerprint -> label, most recently run configuration first.
+
+    A label leads with what tells the configurations apart and then names the rest, so a picker
+    cut short by the page width still shows the difference."""
     latest = runs.groupby("fingerprint")["started_at"].max().sort_values(ascending=False, kind="stable")
-    labels = runs.drop_duplicates("fingerprint").set_index("fingerprint")["config"]
-    return {fp: labels[fp] for fp in latest.index}
+    names, shared = labels.short_labels(runs, key="fingerprint")
+    tail = f"{labels.SEP}{shared}" if shared else ""
+    return {fp: f"{names[fp]}{tail}" for fp in latest.index}
 
 
 def render(url: str, runs: pd.DataFrame) -> None:

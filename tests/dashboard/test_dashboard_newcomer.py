@@ -168,3 +168,10 @@ def test_history_hints_say_what_is_true(fixture, monkeypatch):
     # vllm has 5 runs (4 on main, 1 on a branch): too few for a scan, and it says how many are needed
     at = _history(fixture, monkeypatch, "vllm", 4)
     assert any("needs at least 6 runs of a configuration and this series has 5" in c.value for c in at.caption)
+
+
+def test_configuration_pickers_lead_with_what_differs(fixture, monkeypatch):
+    at = open_page(fixture.url, "History", monkeypatch)
+    shared = "fixture · tiny-k2 · mxfp4 · Intel Xeon Platinum 8480C · TP1"
+    # the newest configuration first (bundled ran an hour after vllm on each day)
+    assert at.selectbox(key="history_config").options == [f"bundled 1.0 · {shared}", f"vllm 1.0 · {shared}"]
