@@ -14,15 +14,8 @@ import re
 import numpy as np
 import pandas as pd
 
-# (part name, columns it is made of); the order is the order of the parts in a label
-PARTS = (
-    ("engine", ("engine", "engine_version")),
-    ("workload", ("workload",)),
-    ("model", ("model",)),
-    ("precision", ("precision",)),
-    ("hardware", ("hardware", "num_gpus")),
-    ("tp", ("tp",)),
-)
+# the parts of a label, in label order; "engine" includes engine_version, "hardware" num_gpus
+PARTS = ("engine", "workload", "model", "precision", "hardware", "tp")
 SEP = " · "
 
 # vendor decorations that make CPU names long without telling two machines apart
@@ -82,18 +75,18 @@ def short_labels(configs: pd.DataFrame, key: str = "config") -> tuple[dict[str, 
     """Label per ``key`` value (the parts that differ, in PARTS order) and the text of what all share.
 
     When nothing a part shows differs (one configuration, say), each label is every part and the
-    shared text is empty. Two configurations that differ only in something no part shows (engine flags, say)
-    keep apart by their fingerprint's first characters."""
+    shared text is empty. Two configurations that differ only in something no part shows (engine
+    flags, say) keep apart by their fingerprint's first characters."""
     rows = configs.drop_duplicates(key).to_dict("records")
     if not rows:
         return {}, ""
-    texts = {part: _texts(rows, part) for part, _ in PARTS}
-    differing = [part for part, _ in PARTS if len(set(texts[part])) > 1]
-    shown = differing or [part for part, _ in PARTS]
+    texts = {part: _texts(rows, part) for part in PARTS}
+    differing = [part for part in PARTS if len(set(texts[part])) > 1]
+    shown = differing or [part for part in PARTS]
     labels = [SEP.join(t for t in (texts[p][i] for p in shown) if t) for i in range(len(rows))]
     counts = pd.Series(labels).value_counts()
     for i, row in enumerate(rows):
         if counts[labels[i]] > 1 and _present(row.get("fingerprint")):
             labels[i] = f"{labels[i]} [{str(row['fingerprint'])[:6]}]".strip()
-    shared = SEP.join(t for t in (texts[p][0] for p, _ in PARTS if p not in shown) if t)
+    shared = SEP.join(t for t in (texts[p][0] for p in PARTS if p not in shown) if t)
     return {str(r[key]): lab for r, lab in zip(rows, labels, strict=True)}, shared
