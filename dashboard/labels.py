@@ -82,7 +82,7 @@ def short_labels(configs: pd.DataFrame, key: str = "config") -> tuple[dict[str, 
         return {}, ""
     texts = {part: _texts(rows, part) for part in PARTS}
     differing = [part for part in PARTS if len(set(texts[part])) > 1]
-    shown = differing or [part for part in PARTS]
+    shown = differing or list(PARTS)
     labels = [SEP.join(t for t in (texts[p][i] for p in shown) if t) for i in range(len(rows))]
     counts = pd.Series(labels).value_counts()
     for i, row in enumerate(rows):
