@@ -7,7 +7,7 @@ import streamlit as st
 
 from k2bench.dashboard import charts, data, labels
 from k2bench.dashboard.reference import load_reference, matching
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard.views.common import csv_download, table_columns
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
@@ -74,5 +74,5 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.caption(note)
     cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
     table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
-    st.dataframe(table, hide_index=True, key="frontier_table")
+    st.dataframe(table, hide_index=True, column_config=table_columns(table), key="frontier_table")
     csv_download(table, "frontier", key="frontier_csv")

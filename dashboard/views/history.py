@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, labels
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard.views.common import csv_download, table_columns
 from k2bench.harness.analysis.changepoints import DEFAULT_MIN_SIZE
 
 # a change-point scan needs this many runs of one series: min_size on each side of a split
@@ -60,12 +60,15 @@ def render(url: str, runs: pd.DataFrame) -> None:
     else:
         st.success(f"{len(marks)} change point(s), none of them a regression.")
     st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
-    st.dataframe(series, hide_index=True, key="history_table")
+    st.dataframe(series, hide_index=True, column_config=table_columns(series), key="history_table")
     csv_download(series, "history", key="history_csv")
     if not marks.empty:
         st.subheader("Change points")
         cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]
-        st.dataframe(cp, hide_index=True, key="history_cp_table")
+        m = data.METRICS[metric]
+        means = {c: st.column_config.NumberColumn(f"{word} ({m.unit})", format=f"%.{m.decimals}f")
+                 for c, word in (("mean_before", "mean before"), ("mean_after", "mean after"))}
+        st.dataframe(cp, hide_index=True, column_config=table_columns(cp) | means, key="history_cp_table")
 
 
 def no_change_point_note(stored: pd.DataFrame, n_runs: int, metric_label: str, conc: int) -> str:

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data
-from k2bench.dashboard.views.common import csv_download, run_param_problem
+from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
 
 
 def render(url: str, runs: pd.DataFrame) -> None:
@@ -46,7 +46,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.subheader("Per-level results")
     levels = data.per_run_levels(cache.points(url, (int(run_id),)))
     table = data.level_table(levels)
-    st.dataframe(table, hide_index=True, key="detail_levels")
+    st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
 
     st.subheader("Per-request distributions")

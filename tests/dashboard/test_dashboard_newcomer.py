@@ -175,3 +175,45 @@ def test_configuration_pickers_lead_with_what_differs(fixture, monkeypatch):
     shared = "fixture · tiny-k2 · mxfp4 · Intel Xeon Platinum 8480C · TP1"
     # the newest configuration first (bundled ran an hour after vllm on each day)
     assert at.selectbox(key="history_config").options == [f"bundled 1.0 · {shared}", f"vllm 1.0 · {shared}"]
+
+
+# ------------------------------------------------------------------ tables: the catalogue's words and decimals
+
+
+def _shown_headers(df_element) -> dict[str, str]:
+    """column -> the header the page shows (its column setting's label, else the raw name)."""
+    import json
+
+    settings = json.loads(df_element.proto.columns or "{}")
+    return {c: settings.get(c, {}).get("label", c) for c in df_element.value.columns}
+
+
+def test_every_table_uses_the_catalogue_headers_units_and_decimals(fixture, monkeypatch):
+    import json
+
+    from k2bench.harness.catalogue import BY_COLUMN
+
+    pages = {"Frontier": 1, "History": 2, "Compare": 2, "Run detail": 1}  # tables on each page
+    seen = set()
+    for page, n_tables in pages.items():
+        at = open_page(fixture.url, page, monkeypatch)
+        if page == "History":  # the regressed series, so the change-point table is there too
+            at = _history(fixture, monkeypatch, "bundled", 32)
+        tables = list(at.dataframe)
+        assert len(tables) == n_tables, page
+        for d in tables:
+            headers = _shown_headers(d)
+            settings = json.loads(d.proto.columns)
+            # no raw field name (tput_per_gpu, interactivity_median, run_id) is shown as a header
+            assert not [h for h in headers.values() if "_" in h], (page, headers)
+            for col in d.value.columns:
+                base = col.removesuffix(" A").removesuffix(" B")
+                if base in BY_COLUMN:
+                    m = BY_COLUMN[base]
+                    assert headers[col].startswith(m.header), (col, headers[col])
+                    assert settings[col]["type_config"]["format"] == f"%.{m.decimals}f"
+                    seen.add(base)
+                if col.endswith("Δ%"):
+                    assert settings[col]["type_config"]["format"] == "%+.1f%%"
+    assert {"tput_per_gpu", "interactivity_median", "ttft_ms_median", "tpot_ms_median"} <= seen
+    assert BY_COLUMN["tput_per_gpu"].header == "tok/s/GPU"  # what the frontier table shows for tput_per_gpu
