@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import get_backend
-from k2bench.engine.loader import load_model
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.loader import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_roofline import step_bytes, tensor_bytes  # noqa: E402
@@ -146,7 +146,7 @@ def make_backend(variant: str):
 def graph_step(model, caches, batch: int, ctx: int, num_blocks: int, ids, pos, meta):
     """A decode step of `batch` replayed from a CUDA graph (engine.cuda_graphs), on the bench's caches:
     the last cache block is the scratch block (decode_inputs never hands it out)."""
-    from k2bench.engine.cuda_graphs import DecodeGraphs
+    from k2bench.engine.runtime.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(model, caches, scratch_block=num_blocks - 1, block_size=BLOCK,
                           max_blocks=meta.block_tables.shape[1], max_batch=batch, device=torch.device("cuda"),

@@ -29,7 +29,7 @@ import torch
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_backend import gemm_split_k, mxfp4_matmul
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
-from k2bench.engine.mxfp4 import fake_quantize_mxfp4
+from k2bench.engine.model.mxfp4 import fake_quantize_mxfp4
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402

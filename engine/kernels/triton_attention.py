@@ -22,7 +22,7 @@ accumulate in float32. Nothing here reads a tensor value on the host, and the nu
 from shapes only, so the call can be captured in a CUDA graph.
 
 Runs on a CUDA GPU, or on CPU under TRITON_INTERPRET=1 (set before triton compiles anything), which is
-how tests/engine/test_triton_attention.py exercises it.
+how tests/engine/kernels/test_triton_attention.py exercises it.
 """
 
 from __future__ import annotations

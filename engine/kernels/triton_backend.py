@@ -26,12 +26,12 @@ import triton
 import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.kernels import BackendError
+from k2bench.engine.kernels.backend import AttentionPlan, BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
-from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4, quantize_mxfp4
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.mxfp4 import BLOCK, fake_quantize_mxfp4, quantize_mxfp4
 
 
 @triton.jit
@@ -156,7 +156,7 @@ def mxfp4_matmul(
 
 
 @dataclass
-class TritonPlan:
+class TritonPlan(AttentionPlan):
     """One step's attention plan: prefill chunks as the torch backend lists them, decodes as tensors."""
 
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
@@ -199,6 +199,7 @@ def prefill_attention(
 
 class TritonBackend(TorchBackend):
     name = "triton"
+    graph_decode = True  # decode_plan reads no tensor on the host
 
     def __init__(self, device: str = "cpu") -> None:
         super().__init__(device)
@@ -245,7 +246,7 @@ class TritonBackend(TorchBackend):
         rows = meta.cu_seqlens_q[seqs].to(torch.long)
         return TritonPlan(prefills, rows, tables[seqs], meta.context_lens[seqs])
 
-    def decode_plan(self, meta: AttentionMetadata) -> TritonPlan:
+    def decode_plan(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """The plan of a step where every sequence brings one token, from tensors only (no host sync)."""
         return TritonPlan([], None, meta.block_tables, meta.context_lens)
 

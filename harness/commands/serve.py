@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quant-mode", default="auto", choices=("auto", "w4", "a4w4"),
                    help="MXFP4 numerics (auto: a4w4 if the checkpoint declares fp4 inputs, else w4)")
     p.add_argument("--backend", default="auto", help="kernel backend (auto picks per device)")
-    g = p.add_argument_group("runtime (defaults in k2bench.engine.runtime_config)")
+    g = p.add_argument_group("runtime (defaults in k2bench.engine.runtime.runtime_config)")
     g.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
     g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("k2bench serve needs the engine extra: pip install -e '.[engine]'") from None
-    from k2bench.engine.build import EngineConfigError, EngineOptions, build_engine
-    from k2bench.engine.runtime_config import RuntimeConfig
-    from k2bench.engine.server import serve
-    from k2bench.engine.tokenizer import Tokenizer, TokenizerError
+    from k2bench.engine.runtime.build import EngineConfigError, EngineOptions, build_engine
+    from k2bench.engine.runtime.runtime_config import RuntimeConfig
+    from k2bench.engine.runtime.server import serve
+    from k2bench.engine.runtime.tokenizer import Tokenizer, TokenizerError
 
     model = Path(args.model)
     if not (model / "config.json").is_file():
