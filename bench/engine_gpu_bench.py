@@ -166,7 +166,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the float32 correctness check")
-    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one triton step at the largest batch")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of one triton decode step at the largest batch and of the prefill")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +258,14 @@ def main() -> int:
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (args.out / "profile.txt").write_text(table)
         print(f"profile of one {v} step at B={max(batches)}: {args.out / 'profile.txt'}")
+        if args.prefill:
+            ids, pos, meta = prefill_inputs(args.prefill, num_blocks, cfg.vocab_size, gen)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step(ids, pos, meta, last_only=True)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+            (args.out / "profile_prefill.txt").write_text(table)
+            print(table)
 
     doc = {"bandwidth_gbs": bw, "model": str(args.model), "layers": cfg.num_hidden_layers, "load_s": load_s,
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}

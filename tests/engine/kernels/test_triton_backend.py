@@ -232,3 +232,32 @@ def test_expanded_prefill_equals_absorbed_attention(n, ctx):
         assert float((seen[0] - got[0]).abs().max()) < 1e-10
         peek = prefill_attention(q_nope[:1], q_pe[:1], kv, 0.3, w_uk, w_uv)  # one query over all keys
         assert float((peek[0] - got[0]).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("a4w4", [False, True])
+def test_dequant_linear_feeds_the_kernels_operands(a4w4):
+    """The prefill-sized path (dequantise + BLAS) computes what `mxfp4_matmul` computes on a GPU without
+    FP4 units: bf16-rounded (A4W4: quantise-dequantised) activations times the exact weights, summed in
+    float32 for float32 inputs. Float64 reference from the independent E2M1 table decode."""
+    import torch
+
+    from k2bench.engine.kernels.triton_backend import dequant_linear
+    from k2bench.engine.model.mxfp4 import fake_quantize_mxfp4, quantize_mxfp4
+
+    e2m1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]  # OCP MX spec; codes 8..15 are the negatives
+
+    g = torch.Generator().manual_seed(7 + a4w4)
+    x = torch.randn(40, 96, generator=g)
+    wp, ws = quantize_mxfp4(torch.randn(24, 96, generator=g))
+    codes = torch.stack((wp & 0xF, wp >> 4), dim=-1).reshape(24, 96).long()  # low nibble first
+    w = torch.tensor(e2m1 + [-v for v in e2m1], dtype=torch.float64)[codes] * torch.exp2(ws.double() - 127).repeat_interleave(32, -1)
+    xin = fake_quantize_mxfp4(x) if a4w4 else x
+    ref = xin.to(torch.bfloat16).double() @ w.T
+    got = dequant_linear(x, wp, ws, a4w4=a4w4)
+    assert got.dtype == torch.float32
+    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-6
+    x16 = x.to(torch.bfloat16)  # bf16 activations: quantised from their bf16 values, output rounded to bf16
+    ref16 = (fake_quantize_mxfp4(x16) if a4w4 else x16).double() @ w.T
+    got16 = dequant_linear(x16, wp, ws, a4w4=a4w4)
+    assert got16.dtype == torch.bfloat16
+    assert float((got16.double() - ref16).abs().max() / ref16.abs().max()) < 1e-2

@@ -80,3 +80,46 @@ def test_mxfp4_gemm_prefill_sizes(m):
     wd = dequantize_mxfp4(wp, ws)
     assert _rel(mxfp4_matmul(x, wp, ws, a4w4=True), fake_quantize_mxfp4(x) @ wd.T) < 1e-5
     assert _rel(mxfp4_matmul(x, wp, ws, a4w4=False), x.to(torch.bfloat16).float() @ wd.T) < 1e-5
+
+
+def test_prefill_attention_takes_a_fused_sdpa_kernel_in_bf16():
+    """With the math kernel switched off the bf16 prefill still runs (a fused kernel accepts the 4-D,
+    unpadded 192/128 shapes, causal upper-left and lower-right) and matches a float64 reference."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from k2bench.engine.kernels.triton_backend import prefill_attention
+
+    H, nope, rope, r, v = 16, 128, 64, 512, 128
+    g = torch.Generator().manual_seed(3)
+    for n, ctx in [(1024, 1024), (300, 1100)]:
+        kv = torch.randn(ctx, r + rope, generator=g).cuda()
+        q_nope = torch.randn(n, H, nope, generator=g).cuda()
+        q_pe = torch.randn(n, H, rope, generator=g).cuda()
+        w_uk = (torch.randn(H, nope, r, generator=g) / r**0.5).cuda()
+        w_uv = (torch.randn(H, v, r, generator=g) / r**0.5).cuda()
+        scale = (nope + rope) ** -0.5
+        ref = prefill_attention(q_nope.double(), q_pe.double(), kv.double(), scale, w_uk.double(), w_uv.double())
+        bf = [t.to(torch.bfloat16) for t in (q_nope, q_pe, kv)]
+        fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+        with sdpa_kernel(fused):
+            got = prefill_attention(*bf, scale, w_uk.to(torch.bfloat16), w_uv.to(torch.bfloat16))
+        assert got.shape == (n, H, v)
+        assert _rel(got, ref) < 2e-2, (n, ctx)
+
+
+@pytest.mark.parametrize("m", [1, 300])
+def test_linear_dispatch_matches_the_kernel(m):
+    """Below DEQUANT_MIN_M rows the backend runs `_mxfp4_gemm`, from it dequantise + cuBLAS: both give the
+    same float32 result (bf16-rounded activations times exact weights, float32 sums)."""
+    from k2bench.engine.kernels import get_backend
+    from k2bench.engine.kernels.triton_backend import DEQUANT_MIN_M, mxfp4_matmul
+    from k2bench.engine.model.mxfp4 import quantize_mxfp4
+
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 1024, generator=g).cuda()
+    wp, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(768, 1024, generator=g)))
+    be = get_backend("triton", "cuda")
+    for a4w4 in (False, True):
+        got = be.linear(x, wp, ws, a4w4=a4w4)
+        assert _rel(got, mxfp4_matmul(x, wp, ws, a4w4=a4w4, split_k=1)) < 1e-5, (m, a4w4)
+    assert (m >= DEQUANT_MIN_M) == (m == 300)
