@@ -30,8 +30,9 @@ from k2bench.engine.kernels.backend import AttentionPlan, BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
+from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.model.attn_meta import AttentionMetadata
-from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
 
 
 @triton.jit
@@ -97,16 +98,16 @@ def native_fp4(device: torch.device) -> bool:
 # auto split-K only for decode-sized M: prefill launches already have programs to spare
 GEMM_SPLIT_MAX_M = 64
 # From this many rows on, a GPU without FP4 units runs an MXFP4 linear as one dequantisation to bf16
-# and a cuBLAS GEMM: dot_scaled's per-element upcast caps _mxfp4_gemm near 100 TFLOP/s on an H200,
-# while the dequantised weight costs 4 extra bytes per element once per call
-# (bench/engine_prefill_bench.py times both per M).
-DEQUANT_MIN_M = 256
+# and a cuBLAS GEMM. On an H200 (bench/engine_prefill_bench.py, N x K = 18432 x 7168 and 4096 x 7168)
+# _mxfp4_gemm won up to 512 rows (0.72 vs 0.92 ms) and lost from 2048 on (2.7 vs 1.4 ms; 11.3 vs
+# 3.3 ms at 8192): dot_scaled's upcast caps it near 190 TFLOP/s, cuBLAS reaches ~650.
+DEQUANT_MIN_M = 1024
 
 
 def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool) -> torch.Tensor:
     """x @ dequant(W)^T through the BLAS: the same products as `mxfp4_matmul` on a GPU without FP4 units
     (weights decode exactly to bf16; A4W4 activations are quantise-dequantised, which bf16 holds)."""
-    xq = (fake_quantize_mxfp4(x) if a4w4 else x).to(torch.bfloat16)  # what the kernel feeds its dot
+    xq = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16)  # what the kernel feeds its dot
     dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16  # float32 runs (checks) sum in float32
     return F.linear(xq.to(dtype), dequantize_mxfp4(weight, weight_scale, dtype)).to(x.dtype)
 
@@ -144,7 +145,7 @@ def mxfp4_matmul(
         # Without FP4 units dot_scaled upcasts both operands anyway; the quantise-dequantise of the
         # activations is exact in bf16, so the bf16 x FP4 form computes the same products, and
         # measured 1.05-2.3x faster on an H200 (bench/engine_kernel_tune.py).
-        x2, a4w4 = fake_quantize_mxfp4(x2), False
+        x2, a4w4 = fake_quantize(x2), False
     if a4w4:
         xa, xs = quantize_mxfp4(x2)
     else:
