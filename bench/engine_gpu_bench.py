@@ -133,13 +133,15 @@ def float32_check(model_dir: Path, variants: list[str], gen: torch.Generator, ct
 
 
 def make_backend(variant: str):
-    """`torch`, `triton`, `triton:<moe variant>`, or `triton:graphs` (the triton backend, replayed)."""
+    """`torch`, `triton`, `triton:<moe variant>`, with `:graphs` at the end for CUDA-graph replays
+    (e.g. `triton:graphs`, `triton:swapped:graphs`)."""
     if variant == "torch":
         return get_backend("torch", "cuda")
-    name, _, moe = variant.partition(":")
+    name, *rest = variant.split(":")
     b = get_backend(name, "cuda")
-    if moe and moe != "graphs":
-        b.moe_variant = moe
+    moe = [r for r in rest if r != "graphs"]
+    if moe:
+        b.moe_variant = moe[0]
     return b
 
 
