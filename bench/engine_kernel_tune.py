@@ -45,9 +45,6 @@ MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages, split_k): split 1 =
     ("dot_scaled", 64, 4, None, 2), ("dot_scaled", 64, 4, None, 4),
     ("dot_scaled", 64, 4, None, 8), ("dot_scaled", 64, 4, None, 14),
     ("dot_scaled", 128, 4, 3, 4), ("dot_scaled", 32, 4, 4, 4),
-    # swapped operands: block_n weight rows on the MMA's M side (64 or 128), the pairs on its N side
-    ("swapped", 64, 4, None, 1), ("swapped", 64, 4, 3, 1), ("swapped", 64, 4, 4, 1),
-    ("swapped", 128, 4, 3, 1), ("swapped", 128, 8, 3, 1), ("swapped", 64, 4, 3, None),
 ]
 # (variant, block_n, num_warps, num_stages, block_k): longer K tiles and deeper pipelines keep more
 # weight bytes in flight per program, which is what a few-token (latency-bound) MoE lacks

@@ -31,14 +31,10 @@ operands multiplies their raw bits (so operands are widened to float32 there, sa
 float32 -> bf16 cast truncates (so h is stored as float32 and rounded by torch there). The GPU path
 (bf16 tl.dot, in-kernel round-to-nearest cast) is therefore not what the CPU tests execute.
 
-Three ways to get the weights into the matmul (`variant=`): "dequant" unpacks the nibbles, decodes
+Two ways to get the weights into the matmul (`variant=`): "dequant" unpacks the nibbles, decodes
 E2M1 with integer ops, multiplies by the E8M0 scale and calls plain `tl.dot`; "dot_scaled" passes
-the packed bytes and scales to `tl.dot_scaled` as triton_backend._mxfp4_gemm does; "swapped"
-decodes like "dequant" but swaps the operands (acc^T [BN, BM] = W [BN, BK] @ x^T): the expert's
-weight rows sit on the MMA's M side, which Hopper's wgmma needs to be 64 rows and can feed from
-registers (no shared-memory round trip for the decoded weights), and the few tokens of a decode
-step sit on the N side, which may be as small as 16. All run on a CUDA GPU or on CPU under
-TRITON_INTERPRET=1 (tests). Speed on a GPU is measured in bench/, not here.
+the packed bytes and scales to `tl.dot_scaled` as triton_backend._mxfp4_gemm does. Both run on a
+CUDA GPU or on CPU under TRITON_INTERPRET=1 (tests). Speed on a GPU is measured in bench/, not here.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ import triton.language as tl
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.model.mxfp4 import BLOCK
 
-VARIANTS = ("dequant", "dot_scaled", "swapped")
+VARIANTS = ("dequant", "dot_scaled")
 # bench/engine_kernel_tune.py on an H200 (triton 3.6, TP 2 widths, A4W4): dot_scaled was 5-14% faster
 # than the explicit dequantisation at 4, 128 and 8192 tokens with the default tiles.
 DEFAULT_VARIANT = "dot_scaled"
@@ -147,9 +143,8 @@ def _dequant_tile(packed, scale, BN: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _weight_dot(acc, a, w_rows, ws_rows, n_ok, k0, s_wk, s_wsk, DOT_SCALED: tl.constexpr,
-                INTERPRET: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr = False):
-    """acc [BM, BN] += a [BM, BK] @ W[rows, k0:k0+BK]^T for one expert's MXFP4 rows (row pointers given);
-    SWAP: acc^T [BN, BM] += W[rows, k0:k0+BK] @ a^T instead (weight rows on the MMA's M side).
+                INTERPRET: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """acc [BM, BN] += a [BM, BK] @ W[rows, k0:k0+BK]^T for one expert's MXFP4 rows (row pointers given).
 
     INTERPRET: the CPU interpreter (triton 3.9) multiplies bf16 operands of tl.dot as their raw
     uint16 bits, so there they are widened to float32 first; the products are the same (bf16 x bf16
@@ -161,14 +156,6 @@ def _weight_dot(acc, a, w_rows, ws_rows, n_ok, k0, s_wk, s_wsk, DOT_SCALED: tl.c
         rk2 = k0 // 2 + tl.arange(0, BK // 2)
         w = tl.load(w_rows[None, :] + rk2[:, None] * s_wk, mask=n_ok[None, :], other=0)  # [BK/2, BN]
         acc = tl.dot_scaled(a, None, "bf16", w, w_s, "e2m1", acc)
-    elif SWAP:
-        rk2 = k0 // 2 + tl.arange(0, BK // 2)
-        w = tl.load(w_rows[:, None] + rk2[None, :] * s_wk, mask=n_ok[:, None], other=0)  # [BN, BK/2]
-        wd = _dequant_tile(w, w_s, BN, BK)
-        if INTERPRET:
-            acc = tl.dot(wd.to(tl.float32), tl.trans(a).to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(wd, tl.trans(a), acc)
     else:
         rk2 = k0 // 2 + tl.arange(0, BK // 2)
         w = tl.load(w_rows[:, None] + rk2[None, :] * s_wk, mask=n_ok[:, None], other=0)  # [BN, BK/2]
@@ -186,7 +173,7 @@ def _moe_gate_up(
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_xk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_hp, s_hn, s_hs,
     DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr = False,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     """h[pair, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for one block of pairs and one column tile.
 
@@ -207,12 +194,8 @@ def _moe_gate_up(
     u_rows = g_rows + L * s_wn
     g_srows = ws_ptr + expert * s_wse + rn * s_wsn
     u_srows = g_srows + L * s_wsn
-    if SWAP:  # accumulators transposed: [columns, pairs]
-        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
-        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
-    else:
-        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     if SPLIT:
         k_lo = tl.program_id(2) * K_SPLIT
         k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -222,21 +205,16 @@ def _moe_gate_up(
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         a = tl.load(x_ptr + tok[:, None] * s_xt + rk[None, :] * s_xk, mask=valid[:, None], other=0.0)
-        acc_g = _weight_dot(acc_g, a, g_rows, g_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK, SWAP)
-        acc_u = _weight_dot(acc_u, a, u_rows, u_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK, SWAP)
-    if SWAP:
-        offs = pair[None, :] * s_hp + rn[:, None] * s_hn
-        ok = valid[None, :] & n_ok[:, None]
-    else:
-        offs = pair[:, None] * s_hp + rn[None, :] * s_hn
-        ok = valid[:, None] & n_ok[None, :]
+        acc_g = _weight_dot(acc_g, a, g_rows, g_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
+        acc_u = _weight_dot(acc_u, a, u_rows, u_srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
     if SPLIT:
-        dst = h_ptr + tl.program_id(2) * s_hs + offs
-        tl.store(dst, acc_g, mask=ok)
-        tl.store(dst + L * s_hn, acc_u, mask=ok)
+        dst = h_ptr + tl.program_id(2) * s_hs + pair[:, None] * s_hp + rn[None, :] * s_hn
+        tl.store(dst, acc_g, mask=valid[:, None] & n_ok[None, :])
+        tl.store(dst + L * s_hn, acc_u, mask=valid[:, None] & n_ok[None, :])
     else:
         h = acc_g * tl.sigmoid(acc_g) * acc_u
-        tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=ok)
+        dst = h_ptr + pair[:, None] * s_hp + rn[None, :] * s_hn
+        tl.store(dst, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -245,7 +223,7 @@ def _moe_down(
     num_pairs, N, K, K_SPLIT,
     s_hp, s_hk, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_yp, s_yn, s_ys,
     DOT_SCALED: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr = False,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32.
 
@@ -262,10 +240,7 @@ def _moe_down(
     n_ok = rn < N
     rows = w_ptr + expert * s_we + rn * s_wn
     srows = ws_ptr + expert * s_wse + rn * s_wsn
-    if SWAP:
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     if SPLIT:
         k_lo = tl.program_id(2) * K_SPLIT
         k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -276,17 +251,14 @@ def _moe_down(
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         a = tl.load(h_ptr + pair[:, None] * s_hp + rk[None, :] * s_hk, mask=valid[:, None], other=0.0)
-        acc = _weight_dot(acc, a, rows, srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK, SWAP)
+        acc = _weight_dot(acc, a, rows, srows, n_ok, k0, s_wk, s_wsk, DOT_SCALED, INTERPRET, BN, BK)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
-    if SWAP:
-        acc = acc * rw[None, :]
-        tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None] * s_yn, acc, mask=valid[None, :] & n_ok[:, None])
-    else:
-        acc = acc * rw[:, None]
-        tl.store(y_ptr + pair[:, None] * s_yp + rn[None, :] * s_yn, acc, mask=valid[:, None] & n_ok[None, :])
+    acc = acc * rw[:, None]
+    tl.store(y_ptr + pair[:, None] * s_yp + rn[None, :] * s_yn, acc, mask=valid[:, None] & n_ok[None, :])
 
 
 PREFILL_PAIRS_PER_EXPERT = 128  # from here on, tiles of 128 x 128 with 8 warps
+DECODE_WIDE_PAIRS = 256  # from here on (e.g. 32 tokens x top 8), 128 columns per program
 
 
 def default_block_m(num_pairs: int, num_experts: int) -> int:
@@ -379,6 +351,11 @@ def fused_moe_mxfp4(
         # prefill-sized: bigger tiles (bench/results/h200_kernels/kernel_tune_moe_prefill.json: 24.9
         # against 28.7 ms at 8192 tokens, TP 2 widths, on an H200)
         bm, block_n, num_warps, num_stages = 128, 128, 8, 3
+    elif pairs >= DECODE_WIDE_PAIRS and (block_n, num_warps, num_stages) == (64, 4, None):
+        # batched decode: 128 weight columns per program, 3 stages (TP 1 widths on an H200: 7.90 against
+        # 8.90 ms at 128 tokens, 4.29 against 4.80 at 32; at 4 tokens 1.22 against 1.19, so not there;
+        # bench/results/2026-11-30_h200_engine/kernel_tune.json)
+        block_n, num_stages = 128, 3
     bn1, bn2 = block_n, down_block_n or block_n
     bk1 = _block_k(hidden, block_k)
     if down_block_k is None and block_k is not None and inter % block_k == 0:
@@ -394,7 +371,6 @@ def fused_moe_mxfp4(
     split2, ksplit2 = split_sizes(inter, bk2, down_split_k or split_k or auto_down)
     launch = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     dot_scaled = variant == "dot_scaled"
-    swap = variant == "swapped"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
 
     xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
@@ -414,7 +390,7 @@ def fused_moe_mxfp4(
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), xa.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
         w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), s_hp, s_hn, s_hs,
-        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split1 > 1, BM=bm, BN=bn1, BK=bk1, SWAP=swap, **launch,
+        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split1 > 1, BM=bm, BN=bn1, BK=bk1, **launch,
     )
     if split1 > 1:
         gate, up = gu.sum(dim=0).split(inter, dim=1)
@@ -432,7 +408,7 @@ def fused_moe_mxfp4(
         pairs, hidden, inter, ksplit2,
         h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
         w2_scale.stride(0), w2_scale.stride(1), w2_scale.stride(2), y.stride(1), y.stride(2), y.stride(0),
-        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split2 > 1, BM=bm, BN=bn2, BK=bk2, SWAP=swap, **launch,
+        DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split2 > 1, BM=bm, BN=bn2, BK=bk2, **launch,
     )
     if split2 > 1:
         y = y.sum(dim=0)

@@ -102,6 +102,7 @@ cases = [
     ("fp8", 4, 16, [70, 1, 18, 33], [None, 1, 2, 40], 16),
     ("fp8", 1, 4, [13, 64], [1, 3], 32),
     ("f32cache_bf16q", 16, 4, [37, 3], [1, 2], 16),
+    ("bf16", 64, 16, [150, 5], [None, 3], 32),  # default tiles at 64 heads: all heads in one program
 ]
 results = []
 for i, (name, H, bs, lens, splits, block_n) in enumerate(cases):
@@ -136,7 +137,7 @@ def test_mla_decode_kernel_under_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     results = json.loads(line[len("RESULT"):])
-    assert len(results) == 25
+    assert len(results) == 27
     for res in results:
         tol_ref, tol_torch = TOL[res["case"]]
         assert res["dtype_ok"], res
@@ -187,7 +188,7 @@ def test_mla_decode_on_cuda_against_torch_backend():
     from k2bench.engine.model.attn_meta import AttentionMetadata
 
     g = torch.Generator().manual_seed(0)
-    r, p, bs, H = 512, 64, 16, 16
+    r, p, bs = 512, 64, 16
     lens = torch.tensor([1, 4097, 300, 2000, 17])
     need = [-(-int(n) // bs) for n in lens]
     perm = torch.randperm(sum(need) + 1, generator=g)
@@ -199,7 +200,7 @@ def test_mla_decode_on_cuda_against_torch_backend():
         used += n
     scale = 192 ** -0.5
     be = TorchBackend("cuda")
-    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    for cache_dtype, H in ((torch.bfloat16, 16), (torch.float8_e4m3fn, 16), (torch.bfloat16, 64)):
         cache = torch.randn(sum(need) + 1, bs, r + p, generator=g).to(cache_dtype).cuda()
         q_lat = torch.randn(len(lens), H, r, generator=g).bfloat16().cuda()
         q_pe = torch.randn(len(lens), H, p, generator=g).bfloat16().cuda()

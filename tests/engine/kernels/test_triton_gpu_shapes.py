@@ -37,7 +37,7 @@ def test_fused_moe_many_pairs_per_expert(T):
     x = torch.randn(T, H, generator=g).cuda()
     wts, ids = torch.randn(T, E, generator=g).cuda().softmax(-1).topk(k, dim=-1)
     ref = TorchBackend("cuda").fused_moe(x, ids, wts, w13, s13, w2, s2, a4w4=True)
-    for variant in ("dequant", "dot_scaled", "swapped"):
+    for variant in ("dequant", "dot_scaled"):
         got = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True, variant=variant)
         assert _rel(got, ref) < 1e-5, variant
 
@@ -107,7 +107,7 @@ def test_prefill_attention_takes_a_fused_sdpa_kernel_in_bf16():
         assert _rel(got, ref) < 2e-2, (n, ctx)
 
 
-@pytest.mark.parametrize("m", [1, 300])
+@pytest.mark.parametrize("m", [1, 1100])
 def test_linear_dispatch_matches_the_kernel(m):
     """Below DEQUANT_MIN_M rows the backend runs `_mxfp4_gemm`, from it dequantise + cuBLAS: both give the
     same float32 result (bf16-rounded activations times exact weights, float32 sums)."""
@@ -122,4 +122,4 @@ def test_linear_dispatch_matches_the_kernel(m):
     for a4w4 in (False, True):
         got = be.linear(x, wp, ws, a4w4=a4w4)
         assert _rel(got, mxfp4_matmul(x, wp, ws, a4w4=a4w4, split_k=1)) < 1e-5, (m, a4w4)
-    assert (m >= DEQUANT_MIN_M) == (m == 300)
+    assert (m >= DEQUANT_MIN_M) == (m == 1100)
