@@ -200,10 +200,11 @@ def test_mla_decode_on_cuda_against_torch_backend():
         used += n
     scale = 192 ** -0.5
     be = TorchBackend("cuda")
-    for cache_dtype, H in ((torch.bfloat16, 16), (torch.float8_e4m3fn, 16), (torch.bfloat16, 64)):
+    f32, bf16 = torch.float32, torch.bfloat16
+    for cache_dtype, H, q_dtype in ((bf16, 16, bf16), (torch.float8_e4m3fn, 16, bf16), (bf16, 64, bf16), (f32, 64, f32)):
         cache = torch.randn(sum(need) + 1, bs, r + p, generator=g).to(cache_dtype).cuda()
-        q_lat = torch.randn(len(lens), H, r, generator=g).bfloat16().cuda()
-        q_pe = torch.randn(len(lens), H, p, generator=g).bfloat16().cuda()
+        q_lat = torch.randn(len(lens), H, r, generator=g).to(q_dtype).cuda()
+        q_pe = torch.randn(len(lens), H, p, generator=g).to(q_dtype).cuda()
         B = len(lens)
         meta = AttentionMetadata(cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32).cuda(), context_lens=lens.cuda(),
                                  slot_mapping=torch.zeros(B, dtype=torch.long).cuda(), block_tables=tables.cuda(),
