@@ -1,4 +1,4 @@
-"""A stand-in model that honours the runtime/model contract (engine/attn_meta.py) exactly.
+"""A stand-in model that honours the runtime/model contract (engine/model/attn_meta.py) exactly.
 
 Each layer's cache slot of a token gets (token id, position). The "next token" of a sequence is
 a hash of every (id, position) it can read back from its cache through the block table, so a
