@@ -61,7 +61,8 @@ class Server:
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, host: str, port: int,
                  log_path: Path, ready_timeout_s: float, flags: list[str] | None = None,
-                 version_argv: list[str] | None = None, name: str = "server", api_key: str | None = None) -> None:
+                 version_argv: list[str] | None = None, name: str = "server", api_key: str | None = None,
+                 cwd: str | Path | None = None) -> None:
         self.argv = argv
         self.env = dict(env or {})
         self.host, self.port = host, port
@@ -71,6 +72,7 @@ class Server:
         self.version_argv = version_argv
         self.name = name
         self.api_key = api_key
+        self.cwd = cwd  # a backfilled commit's worktree: the server runs from there
         self.proc: subprocess.Popen | None = None
         self.version: str | None = None
 
@@ -91,7 +93,7 @@ class Server:
         try:
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, cwd=self.cwd)
         except OSError as exc:
             raise ServerError(f"cannot start {self.name} ({self.argv[0]}): {exc.strerror or exc}") from None
         finally:
@@ -196,15 +198,18 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
+def from_recipe(name: str | recipes.Recipe, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
                 extra_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
-                ready_timeout_s: float | None = None, api_key: str | None = None) -> Server:
-    """A Server (not yet started) for recipe ``name``; its log is named by time, recipe and port."""
-    recipe = recipes.get(name)
+                ready_timeout_s: float | None = None, api_key: str | None = None,
+                cwd: str | Path | None = None) -> Server:
+    """A Server (not yet started) for recipe ``name`` (or a Recipe, e.g. from --server-cmd); its log is
+    named by time, recipe and port."""
+    recipe = name if isinstance(name, recipes.Recipe) else recipes.get(name)
     port = port or free_port(host)
     argv, flags = recipes.render(recipe, model=model, tp=tp, port=port, host=host, extra_args=extra_args)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_path = Path(log_dir) / f"{stamp}-{recipe.name}-{port}.log"
     return Server(argv, env=recipe.env, host=host, port=port, log_path=log_path,
                   ready_timeout_s=ready_timeout_s or recipe.ready_timeout_s, flags=flags,
-                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key)
+                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key,
+                  cwd=cwd)
