@@ -14,6 +14,7 @@ from k2bench.errors import UserError
 COMMAND_MODULES = (
     "sweep",  # k2bench sweep
     "recipes",  # k2bench recipes
+    "suite",  # k2bench suite list|run|matrix|submit
     "runs",  # k2bench runs / show / export / import
     "regress",  # k2bench regress / changepoints
     "dashboard",  # k2bench dashboard
