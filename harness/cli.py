@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "sweep",  # k2bench sweep
     "recipes",  # k2bench recipes
     "suite",  # k2bench suite list|run|matrix|submit
+    "history",  # k2bench backfill / bisect
     "runs",  # k2bench runs / show / export / import
     "regress",  # k2bench regress / changepoints
     "dashboard",  # k2bench dashboard
