@@ -41,11 +41,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--db", default=None, help=DB_HELP)
     e.set_defaults(handler=_export)
 
-    i = sub.add_parser("import", help="store k2bench.run/1 JSON files as new runs",
+    i = sub.add_parser("import", help="store k2bench.run/1 JSON files (or other tools' results) as new runs",
                        description="Every file is validated before anything is written; each file is then "
-                                   "stored in one transaction (all of it or none of it).")
+                                   "stored in one transaction (all of it or none of it). With --from, other "
+                                   "tools' result files are mapped to runs (one per configuration, a level per "
+                                   "file); figures a tool does not report are stored as missing.")
     i.add_argument("files", nargs="+", metavar="FILE")
     i.add_argument("--db", default=None, help=DB_HELP)
+    other = i.add_argument_group("other tools' results (--from)")
+    other.add_argument("--from", dest="source", choices=("vllm", "inferencex", "aiperf"),
+                       help="vllm: `vllm bench serve --save-result` JSON; inferencex: per-configuration result "
+                            "JSON; aiperf: profile_export_aiperf.json")
+    other.add_argument("--gpus", type=int, default=None, help="GPUs that served the run (when the file lacks it)")
+    other.add_argument("--engine", help="engine that was measured (default: from the file, else 'unknown')")
+    other.add_argument("--hardware", help="hardware to record")
+    other.add_argument("--commit", help="commit to record")
+    other.add_argument("--branch", help="branch to record")
+    other.add_argument("--tag", action="append", metavar="KEY=VALUE", help="tag to record (repeatable)")
     i.set_defaults(handler=_import)
 
 
@@ -188,7 +200,16 @@ def _export(args) -> int:
 def _import(args) -> int:
     from k2bench.harness.runjson import load_doc
 
-    docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
+    if args.source:
+        from k2bench.harness import importers
+        from k2bench.harness.sweep import parse_tags
+
+        opts = importers.ImportOptions(gpus=args.gpus, engine=args.engine, hardware=args.hardware,
+                                       commit=args.commit, branch=args.branch, tags=parse_tags(args.tag))
+        mapped = importers.to_documents(args.source, args.files, opts)
+        docs = [(", ".join(doc["run"]["extra"]["imported_files"]), doc) for doc in mapped]
+    else:
+        docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
     with _open(args) as store:
         for path, doc in docs:
             run_id = store.import_run(doc)
