@@ -50,9 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "gate's rule (threshold and significance), then bisects; inconclusive commits "
                                    "are measured again, stored runs are reused. Exit 0 with the first bad commit, "
                                    "1 when there is none.")
-    s.add_argument("--good", required=True, help="a commit where the metric is fine")
-    s.add_argument("--bad", required=True, help="a later commit where it is worse")
-    s.add_argument("--metric", required=True, help="catalogue metric, e.g. tput_per_gpu, tpot_ms_median")
+    s.add_argument("--good", help="a commit where the metric is fine")
+    s.add_argument("--bad", help="a later commit where it is worse")
+    s.add_argument("--metric", help="catalogue metric, e.g. tput_per_gpu, tpot_ms_median")
+    s.add_argument("--shifts", metavar="BRANCH", default=None,
+                   help="instead of --good/--bad/--metric: bisect every stored change point of BRANCH that lies "
+                        "between two non-adjacent stored commits (the nightly scan's follow-up); writes one "
+                        "JSON per shift and culprits.md into --out-dir")
+    s.add_argument("--out-dir", default="results/bisect", help="with --shifts: where the reports go")
     s.add_argument("--at-conc", dest="at_conc", type=int, default=None,
                    help="concurrency the metric is read at (default: the only --conc level)")
     s.add_argument("--threshold", type=float, default=0.05, help="relative change that matters (default 0.05)")
@@ -108,6 +113,11 @@ def _bisect(args: argparse.Namespace) -> int:
     from k2bench.harness.analysis.regress import RegressConfig
     from k2bench.harness.bisect import Bisector, write_json
 
+    if args.shifts:
+        return _bisect_shifts(args)
+    missing = [f"--{n}" for n in ("good", "bad", "metric") if getattr(args, n) is None]
+    if missing:
+        raise UserError(f"bisect needs {', '.join(missing)} (or --shifts BRANCH)")
     bench = _bench(args)
     conc = args.at_conc
     if conc is None:
@@ -128,3 +138,49 @@ def _bisect(args: argparse.Namespace) -> int:
     if args.json_path:
         write_json(result, args.json_path)
     return 0 if result.first_bad else 1
+
+
+def _bisect_shifts(args: argparse.Namespace) -> int:
+    """Every stored shift between non-adjacent commits, bisected with the shifted run's own workload."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from k2bench.errors import UserError
+    from k2bench.harness.analysis.regress import RegressConfig
+    from k2bench.harness.bisect import Bisector, write_json
+    from k2bench.harness.shifts import find_shifts
+    from k2bench.harness.store import Store
+    from k2bench.workloads import loader
+
+    bench = _bench(args)
+    with Store.open(args.db, readonly=True) as store:
+        shifts = find_shifts(store, bench.repo, args.shifts)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["| metric | conc | last good | first bad | culprit |", "| --- | --- | --- | --- | --- |"]
+    if not shifts:
+        print(f"no stored change point on {args.shifts} to bisect")
+    for shift in shifts:
+        label = f"{shift.metric} at concurrency {shift.concurrency}: {shift.good[:12]}..{shift.bad[:12]}"
+        if shift.adjacent:
+            culprit = shift.bad
+            print(f"{label}: adjacent commits, so the culprit is {culprit}")
+        else:
+            run = shift.run
+            try:
+                workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
+            except UserError:  # an ad-hoc workload: its lengths say it all
+                workload = loader.resolve(None, run.get("isl"), run.get("osl"))
+            one = replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
+                                                          tp=run.get("tp") or 1, gpus=run.get("num_gpus")))
+            print(f"{label}: bisecting {shift.between} commit(s)")
+            result = Bisector(one, shift.metric, shift.concurrency,
+                              RegressConfig(threshold=args.threshold, alpha=args.alpha),
+                              max_remeasure=args.max_remeasure).run(shift.good, shift.bad)
+            print(result.message)
+            write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
+            culprit = result.first_bad.sha if result.first_bad else None
+        lines.append(f"| {shift.metric} | {shift.concurrency} | {shift.good[:12]} | {shift.bad[:12]} | "
+                     f"{culprit or 'not found'} |")
+    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")
+    return 0

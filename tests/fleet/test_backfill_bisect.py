@@ -114,3 +114,29 @@ def test_bad_inputs_are_one_line_errors(repo, tmp_path, capsys) -> None:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_nightly_follow_up_bisects_a_stored_shift_between_distant_commits(repo, tmp_path, capsys) -> None:
+    path, shas = repo
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    logs = tmp_path / "logs"
+    assert main(["backfill", "HEAD", "--every", "5", *_args(path, db, logs)]) == 0  # c1, c6, c11, c16
+    with Store.open(db) as store:
+        runs = {r["commit"]: r for r in store.list_runs()}
+        assert set(runs) == {shas[0], shas[5], shas[10], shas[15]}
+        after = runs[shas[10]]
+        # what the change-point scan stores for the 30% step: the first run after it
+        store.replace_change_points(after["fingerprint"], "main", [{
+            "metric": "tpot_ms_median", "concurrency": 2, "run_id": after["id"], "commit": shas[10],
+            "detected_at": "2026-01-11T12:00:00Z", "mean_before": 10.0, "mean_after": 13.0, "rel_change": 0.3,
+            "p_value": 0.0001}])
+    out = tmp_path / "bisect"
+    assert main(["bisect", "--shifts", "main", "--out-dir", str(out), *_args(path, db, logs)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{shas[5][:12]}..{shas[10][:12]}: bisecting 5 commit(s)" in printed
+    (report,) = out.glob("bisect-*.json")
+    doc = json.loads(report.read_text())
+    assert doc["first_bad"] == shas[10]
+    # the stored ends were reused: only commits strictly between them were measured
+    assert {s["commit"] for s in doc["steps"]} - {shas[5], shas[10]} <= set(shas[6:10])
+    assert shas[10] in (out / "culprits.md").read_text()
