@@ -171,3 +171,20 @@ class Bisector:
 
 def write_json(result: BisectResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+
+
+def record(db: str | None, *, fingerprint: str | None, branch: str | None, metric: str, concurrency: int,
+           good: str, bad: str, result: BisectResult | None) -> int:
+    """Store the outcome for the dashboard; ``result`` None: good and bad are adjacent, bad is the culprit."""
+    from k2bench.harness.store import Store
+
+    if result is None:
+        first, subject, steps = bad, None, []
+    else:
+        first = result.first_bad.sha if result.first_bad else None
+        subject = result.first_bad.subject if result.first_bad else None
+        steps = result.to_json()["steps"]
+    with Store.open(db) as store:
+        return store.add_culprit({"fingerprint": fingerprint, "branch": branch, "metric": metric,
+                                  "concurrency": concurrency, "good": good, "bad": bad, "first_bad": first,
+                                  "subject": subject, "steps": steps})

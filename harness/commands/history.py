@@ -111,7 +111,8 @@ def _backfill(args: argparse.Namespace) -> int:
 def _bisect(args: argparse.Namespace) -> int:
     from k2bench.errors import UserError
     from k2bench.harness.analysis.regress import RegressConfig
-    from k2bench.harness.bisect import Bisector, write_json
+    from k2bench.harness.bisect import Bisector, record, write_json
+    from k2bench.harness.gitrepo import branch_of
 
     if args.shifts:
         return _bisect_shifts(args)
@@ -130,6 +131,9 @@ def _bisect(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     result = Bisector(bench, args.metric, conc, config, max_remeasure=args.max_remeasure).run(args.good, args.bad)
+    good, bad = result.steps[0].commit.sha, result.steps[1].commit.sha
+    record(bench.cfg.db, fingerprint=bench.fingerprint, branch=bench.cfg.branch or branch_of(bench.repo, bad),
+           metric=args.metric, concurrency=conc, good=good, bad=bad, result=result)
     for step in result.steps:
         print(f"  {step.commit.short}  {step.commit.date}  {args.metric} = {step.value:.4g}  {step.verdict}"
               f"  {step.commit.subject[:60]}")
@@ -147,7 +151,7 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
 
     from k2bench.errors import UserError
     from k2bench.harness.analysis.regress import RegressConfig
-    from k2bench.harness.bisect import Bisector, write_json
+    from k2bench.harness.bisect import Bisector, record, write_json
     from k2bench.harness.shifts import find_shifts
     from k2bench.harness.store import Store
     from k2bench.workloads import loader
@@ -162,9 +166,12 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
         print(f"no stored change point on {args.shifts} to bisect")
     for shift in shifts:
         label = f"{shift.metric} at concurrency {shift.concurrency}: {shift.good[:12]}..{shift.bad[:12]}"
+        where = {"fingerprint": shift.fingerprint, "branch": args.shifts, "metric": shift.metric,
+                 "concurrency": shift.concurrency, "good": shift.good, "bad": shift.bad}
         if shift.adjacent:
             culprit = shift.bad
             print(f"{label}: adjacent commits, so the culprit is {culprit}")
+            record(args.db, **where, result=None)
         else:
             run = shift.run
             try:
@@ -180,6 +187,7 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             print(result.message)
             write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
             culprit = result.first_bad.sha if result.first_bad else None
+            record(args.db, **where, result=result)
         lines.append(f"| {shift.metric} | {shift.concurrency} | {shift.good[:12]} | {shift.bad[:12]} | "
                      f"{culprit or 'not found'} |")
     (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")

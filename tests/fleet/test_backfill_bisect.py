@@ -66,6 +66,10 @@ def test_bisect_names_commit_11_within_8_measured_commits(repo, tmp_path, capsys
         assert s["value"] == pytest.approx(13.0 if idx >= 10 else 10.0, rel=0.1)
     with Store.open(db, readonly=True) as store:
         assert len({r["commit"] for r in store.list_runs()}) <= 8
+        (culprit,) = store.culprits_frame().itertuples()
+    assert (culprit.first_bad, culprit.good, culprit.bad) == (shas[10], shas[0], shas[-1])
+    assert culprit.metric == "tpot_ms_median" and culprit.concurrency == 2 and culprit.branch == "main"
+    assert culprit.subject == "c11: change 11" and culprit.steps == doc["steps"]
     # a second bisect reuses every stored run: nothing is measured again
     assert main(["bisect", "--good", shas[0], "--bad", shas[-1], "--metric", "tpot_ms_median",
                  *_args(path, db, tmp_path / "logs")]) == 0
@@ -82,6 +86,9 @@ def test_bisect_of_a_range_without_change_reports_none(repo, tmp_path, capsys) -
     assert "is not worse than" in out and "nothing to bisect" in out
     doc = json.loads(out_json.read_text())
     assert doc["first_bad"] is None and [s["verdict"] for s in doc["steps"]] == ["good", "bad"]
+    with Store.open(f"sqlite:///{tmp_path / 'k.db'}", readonly=True) as store:
+        (culprit,) = store.culprits_frame().itertuples()
+    assert culprit.first_bad is None and culprit.bad == shas[9]
 
 
 def test_failed_setup_is_stored_with_its_reason_and_the_backfill_goes_on(repo, tmp_path, capsys) -> None:
@@ -140,3 +147,6 @@ def test_nightly_follow_up_bisects_a_stored_shift_between_distant_commits(repo, 
     # the stored ends were reused: only commits strictly between them were measured
     assert {s["commit"] for s in doc["steps"]} - {shas[5], shas[10]} <= set(shas[6:10])
     assert shas[10] in (out / "culprits.md").read_text()
+    with Store.open(db, readonly=True) as store:
+        (culprit,) = store.culprits_frame(fingerprint=after["fingerprint"], branch="main").itertuples()
+    assert culprit.first_bad == shas[10] and (culprit.good, culprit.bad) == (shas[5], shas[10])
