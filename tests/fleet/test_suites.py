@@ -138,3 +138,29 @@ def test_suite_run_stores_one_tagged_run_per_job_and_resumes(tmp_path, capsys) -
     with Store.open(db, readonly=True) as store:
         again = store.list_runs(commit="c0ffee2")
     assert [r["tags"]["suite_job"] for r in again] == [one]
+
+
+@pytest.mark.slow
+def test_a_failing_job_is_reported_and_the_next_one_still_runs(tmp_path, capsys) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("""
+[suite]
+name = "mixed"
+[defaults]
+isl = 8
+osl = 4
+conc = [1]
+num_prompts = 2
+warmup = 0
+[[include]]
+server_cmd = "{python} -c 'import sys; sys.exit(7)' {port}"
+[[include]]
+engine = "testserver"
+""")
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    assert main(["suite", "run", str(path), "--db", db, "--log-dir", str(tmp_path / "logs"), "--commit", "abc"]) == 1
+    out = capsys.readouterr().out
+    assert "exited with code 7 before it was ready" in out and "1 complete, 1 failed" in out
+    with Store.open(db, readonly=True) as store:
+        (run,) = store.list_runs()
+    assert run["engine"] == "testserver" and run["status"] == "complete"
