@@ -15,12 +15,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import gitrepo, launch
+from k2bench.harness import gitrepo, launch, recipes
 from k2bench.harness.fingerprint import fingerprint
-from k2bench.harness.jobrun import sweep_with_command
-from k2bench.harness.sweep import SweepConfig, detect_hardware
+from k2bench.harness.provenance import detect_hardware
+from k2bench.harness.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
 
 CMD_TAG = "server_cmd"
+
+
+def sweep_with_command(cfg: SweepConfig, server_cmd: str, *, cwd: str | Path | None = None,
+                       events: LevelEvents | None = None) -> SweepResult:
+    """A sweep of a server started from ``server_cmd`` in ``cwd`` that the sweep attaches to.
+
+    Attached, the run records engine "external" and no engine version: what a server reports as its
+    version changes from commit to commit of its own repository, and the runs of one backfill must
+    stay one series (one fingerprint). The command goes into the run's tags (``server_cmd``)."""
+    recipe = recipes.custom(server_cmd)
+    say = (events.message if events and events.message else None) or (lambda text: None)
+    server = launch.from_recipe(recipe, model=cfg.model or "default", tp=cfg.tp, extra_args=cfg.server_args,
+                                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
+                                cwd=cwd)
+    say(f"starting: {server.command}" + (f" (in {cwd})" if cwd else "") + f"  (log: {server.log_path})")
+    with server:
+        attached = replace(cfg, url=server.base_url, engine=None, server_cmd=None, server_args=None,
+                           tags={**cfg.tags, CMD_TAG: server_cmd})
+        return run_sweep(attached, events)
 
 
 @dataclass

@@ -8,20 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import launch, recipes
+from k2bench.harness.commands.sweep import parse_concurrency, parse_count
+from k2bench.harness.provenance import git_commit
 from k2bench.harness.suites import Job, Suite
-from k2bench.harness.sweep import (
-    LevelEvents,
-    SweepConfig,
-    SweepResult,
-    git_commit,
-    parse_concurrency,
-    parse_count,
-    run_sweep,
-)
+from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
 from k2bench.workloads import loader as workloads
 
 SUITE_TAG, JOB_TAG = "suite", "suite_job"
@@ -38,7 +30,7 @@ def job_config(suite: Suite, job: Job, base: SweepConfig | None = None) -> Sweep
     cfg = base or SweepConfig(levels=levels, workload=workloads.load("8k1k"))
     return replace(
         cfg, levels=levels, workload=workloads.resolve(f.get("workload"), f.get("isl"), f.get("osl")),
-        engine=f.get("engine"), model=f.get("model"), tp=int(f.get("tp", 1)), gpus=f.get("gpus"),
+        engine=f.get("engine"), server_cmd=f.get("server_cmd"), model=f.get("model"), tp=int(f.get("tp", 1)), gpus=f.get("gpus"),
         hardware=f.get("hardware") or cfg.hardware, server_args=f.get("server_args"),
         precision=f.get("precision"), trials=int(f.get("trials", 1)), num_prompts=num_prompts,
         num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x,
@@ -57,24 +49,6 @@ def stored_job_runs(store, commit: str | None, suite: str) -> dict[str, int]:
         if run.get("commit") == commit and tags.get(SUITE_TAG) == suite and tags.get(JOB_TAG):
             found.setdefault(tags[JOB_TAG], run["id"])
     return found
-
-
-def sweep_with_command(cfg: SweepConfig, server_cmd: str, *, cwd: str | Path | None = None,
-                       events: LevelEvents | None = None) -> SweepResult:
-    """A sweep of a server started from ``server_cmd`` (in ``cwd``), which the sweep attaches to.
-
-    The command is recorded in the run's tags (``server_cmd``), so runs of different commands never
-    look alike."""
-    recipe = recipes.custom(server_cmd)
-    say = (events.message if events and events.message else None) or (lambda text: None)
-    server = launch.from_recipe(recipe, model=cfg.model or "default", tp=cfg.tp, extra_args=cfg.server_args,
-                                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
-                                cwd=cwd)
-    say(f"starting: {server.command}" + (f" (in {cwd})" if cwd else "") + f"  (log: {server.log_path})")
-    with server:
-        attached = replace(cfg, url=server.base_url, engine=None, server_args=None,
-                           tags={**cfg.tags, "server_cmd": server_cmd})
-        return run_sweep(attached, events)
 
 
 @dataclass
@@ -102,11 +76,7 @@ def run_suite(suite: Suite, jobs: list[Job], base: SweepConfig, *, say: Callable
             continue
         say(f"[{i}/{len(jobs)}] {job.id}")
         try:
-            cfg = job_config(suite, job, base)
-            if job.get("server_cmd"):
-                result = sweep_with_command(cfg, job.fields["server_cmd"], events=events)
-            else:
-                result = run_sweep(cfg, events)
+            result = run_sweep(job_config(suite, job, base), events)
         except UserError as exc:
             say(f"[{i}/{len(jobs)}] {job.id} failed: {exc}")
             outcomes.append(JobOutcome(job, "failed", None, str(exc)))

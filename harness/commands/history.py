@@ -74,7 +74,8 @@ def _bench(args: argparse.Namespace):
     from k2bench.errors import UserError
     from k2bench.harness import gitrepo
     from k2bench.harness.backfill import CommitBench
-    from k2bench.harness.sweep import SweepConfig, parse_concurrency, parse_count, parse_tags
+    from k2bench.harness.commands.sweep import parse_concurrency, parse_count, parse_tags
+    from k2bench.harness.sweep import SweepConfig
     from k2bench.workloads import loader
 
     for name in ("isl", "osl"):

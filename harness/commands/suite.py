@@ -75,7 +75,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from k2bench.harness import jobrun, suites
-    from k2bench.harness.sweep import SweepConfig, parse_tags
+    from k2bench.harness.commands.sweep import parse_tags
+    from k2bench.harness.sweep import SweepConfig
     from k2bench.workloads import loader
 
     suite = suites.load(args.file)

@@ -24,7 +24,7 @@ def _git(repo: Path, *args: str) -> str:
                           env=env).stdout.strip()
 
 
-def make_repo(path: Path, n: int = 16, slow_from: int = 11, itl_ms: float = 10.0, factor: float = 1.3) -> list[str]:
+def make_repo(path: Path, n: int = 16, slow_from: int = 11, itl_ms: float = 20.0, factor: float = 1.3) -> list[str]:
     """Commits 1..n (shas returned oldest first); from commit ``slow_from`` on the gap is ``factor`` x."""
     path.mkdir(parents=True)
     _git(path, "init", "-q", "-b", "main")

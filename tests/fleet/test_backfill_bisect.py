@@ -24,6 +24,11 @@ def _args(path, db, logs) -> list[str]:
     return ["--repo", str(path), "--server-cmd", SERVER_CMD, "--db", db, "--log-dir", str(logs), *SWEEP]
 
 
+# Half the 30% step: a busy 2-core machine makes the test server's token gaps late by a few percent
+# (its sleeps are floors), which the default 5% of the PR gate would take for a change.
+THRESHOLD = ["--threshold", "0.15"]
+
+
 def test_backfill_stores_every_commit_then_skips_them(repo, tmp_path, capsys) -> None:
     path, shas = repo
     db = f"sqlite:///{tmp_path / 'k.db'}"
@@ -52,7 +57,7 @@ def test_bisect_names_commit_11_within_8_measured_commits(repo, tmp_path, capsys
     db = f"sqlite:///{tmp_path / 'k.db'}"
     out_json = tmp_path / "bisect.json"
     rc = main(["bisect", "--good", shas[0], "--bad", shas[-1], "--metric", "tpot_ms_median", "--json", str(out_json),
-               *_args(path, db, tmp_path / "logs")])
+               *THRESHOLD, *_args(path, db, tmp_path / "logs")])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert f"first bad commit: {shas[10]} c11: change 11" in out
@@ -63,7 +68,7 @@ def test_bisect_names_commit_11_within_8_measured_commits(repo, tmp_path, capsys
     for s in steps:
         idx = shas.index(s["commit"])
         assert s["verdict"] == ("bad" if idx >= 10 else "good"), s
-        assert s["value"] == pytest.approx(13.0 if idx >= 10 else 10.0, rel=0.1)
+        assert s["value"] == pytest.approx(26.0 if idx >= 10 else 20.0, rel=0.1)
     with Store.open(db, readonly=True) as store:
         assert len({r["commit"] for r in store.list_runs()}) <= 8
         (culprit,) = store.culprits_frame().itertuples()
@@ -71,7 +76,7 @@ def test_bisect_names_commit_11_within_8_measured_commits(repo, tmp_path, capsys
     assert culprit.metric == "tpot_ms_median" and culprit.concurrency == 2 and culprit.branch == "main"
     assert culprit.subject == "c11: change 11" and culprit.steps == doc["steps"]
     # a second bisect reuses every stored run: nothing is measured again
-    assert main(["bisect", "--good", shas[0], "--bad", shas[-1], "--metric", "tpot_ms_median",
+    assert main(["bisect", "--good", shas[0], "--bad", shas[-1], "--metric", "tpot_ms_median", *THRESHOLD,
                  *_args(path, db, tmp_path / "logs")]) == 0
     assert "0 commit(s) measured" in capsys.readouterr().out
 
@@ -80,7 +85,7 @@ def test_bisect_of_a_range_without_change_reports_none(repo, tmp_path, capsys) -
     path, shas = repo
     out_json = tmp_path / "none.json"
     rc = main(["bisect", "--good", shas[0], "--bad", shas[9], "--metric", "tpot_ms_median", "--json", str(out_json),
-               *_args(path, f"sqlite:///{tmp_path / 'k.db'}", tmp_path / "logs")])
+               *THRESHOLD, *_args(path, f"sqlite:///{tmp_path / 'k.db'}", tmp_path / "logs")])
     out = capsys.readouterr().out
     assert rc == 1
     assert "is not worse than" in out and "nothing to bisect" in out
@@ -135,10 +140,10 @@ def test_nightly_follow_up_bisects_a_stored_shift_between_distant_commits(repo, 
         # what the change-point scan stores for the 30% step: the first run after it
         store.replace_change_points(after["fingerprint"], "main", [{
             "metric": "tpot_ms_median", "concurrency": 2, "run_id": after["id"], "commit": shas[10],
-            "detected_at": "2026-01-11T12:00:00Z", "mean_before": 10.0, "mean_after": 13.0, "rel_change": 0.3,
+            "detected_at": "2026-01-11T12:00:00Z", "mean_before": 20.0, "mean_after": 26.0, "rel_change": 0.3,
             "p_value": 0.0001}])
     out = tmp_path / "bisect"
-    assert main(["bisect", "--shifts", "main", "--out-dir", str(out), *_args(path, db, logs)]) == 0
+    assert main(["bisect", "--shifts", "main", "--out-dir", str(out), *THRESHOLD, *_args(path, db, logs)]) == 0
     printed = capsys.readouterr().out
     assert f"{shas[5][:12]}..{shas[10][:12]}: bisecting 5 commit(s)" in printed
     (report,) = out.glob("bisect-*.json")
