@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from k2bench.harness.commands.common import add_db_arg
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", required=True, help="the git repository whose commits are measured")
@@ -27,7 +29,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout")
     load.add_argument("--ready-timeout", type=float, default=None, metavar="S")
     rec = p.add_argument_group("recording")
-    rec.add_argument("--db", default=None, help="database URL (default: env K2BENCH_DB, else results/k2bench.db)")
+    add_db_arg(rec)
     rec.add_argument("--branch", help="branch to record (default: the repo's branch holding the commit)")
     rec.add_argument("--hardware", help="hardware to record (default: detected)")
     rec.add_argument("--tag", action="append", metavar="KEY=VALUE")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from k2bench.harness.commands.common import add_db_arg
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("suite", help="a benchmark matrix (suites/*.toml): list, run, matrix, submit",
@@ -41,12 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="one more sbatch argument, e.g. --sbatch-arg=--account=perf (repeatable)")
     sb.add_argument("--wait", action="store_true", help="block until every task has ended; exit 1 if one failed")
     sb.add_argument("--out", default="results/slurm", help="folder for the batch script and task logs")
-    sb.add_argument("--db", default=None, help="database URL every task writes to (default: env K2BENCH_DB)")
+    add_db_arg(sb)  # the database every task writes to
     sb.set_defaults(handler=_submit)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default=None, help="database URL (default: env K2BENCH_DB, else results/k2bench.db)")
+    add_db_arg(p)
     p.add_argument("--commit", help="commit measured (default: git HEAD)")
     p.add_argument("--branch", help="branch measured (default: the current git branch)")
     p.add_argument("--tag", action="append", metavar="KEY=VALUE", help="extra tag on every run (repeatable)")
