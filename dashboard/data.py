@@ -208,6 +208,31 @@ def mark_change_points(cps: pd.DataFrame, metric: str, concurrency: int) -> pd.D
     return sel
 
 
+COMMIT_URL_ENV = "K2BENCH_COMMIT_URL"  # e.g. https://github.com/org/repo/commit/{commit}
+
+
+def commit_url(commit, template: str | None = None) -> str | None:
+    """The web page of a commit, from K2BENCH_COMMIT_URL (a template with {commit}); None without one."""
+    template = template if template is not None else os.environ.get(COMMIT_URL_ENV)
+    if not template or not commit or not isinstance(commit, str) or "{commit}" not in template:
+        return None
+    return template.format(commit=commit)
+
+
+def mark_culprits(culprits: pd.DataFrame | None, series: pd.DataFrame, metric: str,
+                  concurrency: int) -> pd.DataFrame:
+    """Bisected culprits of one metric and level, placed on the run where the series first got worse
+    (the bisection's bad end: the culprit itself usually has no run of its own)."""
+    cols = ["run_id", "bad", "good", "first_bad", "subject"]
+    if culprits is None or culprits.empty or series.empty:
+        return pd.DataFrame(columns=cols)
+    sel = culprits[(culprits["metric"] == metric) & (culprits["concurrency"] == concurrency)
+                   & culprits["first_bad"].notna()]
+    runs = series[["run_id", "commit"]].drop_duplicates("commit", keep="first")
+    hit = sel.merge(runs, left_on="bad", right_on="commit")
+    return hit[cols].drop_duplicates(["run_id", "first_bad"]).reset_index(drop=True)
+
+
 # ---------------------------------------------------------------- compare
 
 COMPARE_METRICS = ("tput_per_gpu", "interactivity_median", "ttft_ms_median", "tpot_ms_median", "e2el_ms_median")

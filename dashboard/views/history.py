@@ -1,4 +1,5 @@
-"""History page: one metric at one concurrency across commits and time, change points marked."""
+"""History page: one metric at one concurrency across commits and time, change points and bisected
+culprits marked, each commit linked to its page (K2BENCH_COMMIT_URL)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
         return
     marks = data.mark_change_points(cache.change_points(url, fp, br), metric, conc)
     marks = marks[marks["run_id"].isin(series["run_id"])] if not marks.empty else marks
-    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit), key="history_chart")
+    culprits = data.mark_culprits(cache.culprits(url, br), series, metric, conc)
+    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit, culprits=culprits),
+                    key="history_chart")
     regressions = marks[marks["kind"] == "regression"] if not marks.empty else marks
     if not regressions.empty:
         lines = [f"commit `{str(r.commit)[:10]}`: {r.rel_change * 100:+.1f}% (p={r.p_value:.2g})"
@@ -49,8 +52,19 @@ def render(url: str, runs: pd.DataFrame) -> None:
     else:
         st.success(f"{len(marks)} change point(s), none of them a regression.")
     st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
-    st.dataframe(series, hide_index=True, key="history_table")
+    links = {"commit": st.column_config.LinkColumn("commit", display_text=r"/commit/([0-9a-f]{10})")}
+    table = series.assign(commit=[data.commit_url(c) or c for c in series["commit"]])
+    st.dataframe(table, hide_index=True, key="history_table",
+                 column_config=links if data.commit_url("0") else None)
     csv_download(series, "history", key="history_csv")
+    if not culprits.empty:
+        st.subheader("Bisected culprits")
+        st.caption("`k2bench bisect` named these commits as the first bad ones; each is marked on the first "
+                   "run after it.")
+        shown = culprits.assign(first_bad=[data.commit_url(c) or c for c in culprits["first_bad"]])
+        st.dataframe(shown[["first_bad", "subject", "good", "bad", "run_id"]], hide_index=True,
+                     key="history_culprits", column_config={"first_bad": st.column_config.LinkColumn(
+                         "culprit", display_text=r"/commit/([0-9a-f]{10})")} if data.commit_url("0") else None)
     if not marks.empty:
         st.subheader("Change points")
         cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]
