@@ -5,7 +5,7 @@
 # On success it prints `export` lines to eval; on failure it says why on stderr and exits 1, and the
 # Slurm test then skips with that reason.
 #
-# usage: eval "$(ci/start_slurm.sh)"     (CI: `eval "$(bash ci/start_slurm.sh)" || true` before pytest)
+# usage: eval "$(bash ci/start_slurm.sh)"     bash ci/start_slurm.sh --stop  (ends the daemons it started)
 set -euo pipefail
 
 say() { echo "start_slurm: $*" >&2; }
@@ -13,6 +13,13 @@ fail() { say "$*"; exit 1; }
 
 STATE=${K2BENCH_SLURM_DIR:-/tmp/k2bench-slurm}
 CONF=$STATE/slurm.conf
+
+if [ "${1:-}" = --stop ]; then
+  for pidfile in "$STATE/slurmd.pid" "$STATE/slurmctld.pid" "$STATE/munged.pid"; do
+    [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+  done
+  exit 0
+fi
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
    || ! command -v sbatch >/dev/null; then
@@ -36,6 +43,7 @@ MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 
 # munge: a key, then the daemon (its socket is what sbatch and the daemons authenticate through)
 if ! pgrep -x munged >/dev/null; then
+  STARTED_MUNGE=1
   [ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 \
                                    2>/dev/null; chmod 400 /etc/munge/munge.key; }
   chown -R munge:munge /etc/munge /var/lib/munge /var/log/munge 2>/dev/null || true
@@ -73,6 +81,8 @@ NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 export SLURM_CONF=$CONF
+
+if [ -n "${STARTED_MUNGE:-}" ]; then pgrep -x munged | head -1 >"$STATE/munged.pid"; fi
 
 pgrep -x slurmctld >/dev/null || slurmctld -f "$CONF" || fail "slurmctld did not start: $(tail -3 "$STATE/log/slurmctld.log" 2>/dev/null)"
 pgrep -x slurmd >/dev/null || slurmd -f "$CONF" || fail "slurmd did not start: $(tail -3 "$STATE/log/slurmd.log" 2>/dev/null)"
