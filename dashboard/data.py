@@ -108,9 +108,12 @@ def config_labels(df: pd.DataFrame) -> pd.Series:
         fp = row.get("fingerprint")
         return f"{text} [{str(fp)[:6]}]" if _present(fp) else text
 
+    def key(row) -> tuple:  # NaN != NaN: a missing field (an imported run without tp) must still match
+        return tuple(v if _present(v) else None for v in row)
+
     keys = df[[c for c in (*CONFIG_FIELDS, "fingerprint") if c in df.columns]].drop_duplicates()
-    names = {tuple(r): one(dict(zip(keys.columns, r, strict=True))) for r in keys.itertuples(index=False)}
-    return pd.Series([names[tuple(r)] for r in df[keys.columns].itertuples(index=False)], index=df.index)
+    names = {key(r): one(dict(zip(keys.columns, r, strict=True))) for r in keys.itertuples(index=False)}
+    return pd.Series([names[key(r)] for r in df[keys.columns].itertuples(index=False)], index=df.index)
 
 
 def _present(value) -> bool:

@@ -93,7 +93,7 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
         row += ["-" if flat.get(f.name) is None else f"{flat[f.name]:,.{f.decimals}f}"
                 for f in schema.LEVEL_TABLE_FIELDS]
-        row.append(f"{p['failed']}/{p['num_prompts']}")
+        row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
         table.add_row(*row)

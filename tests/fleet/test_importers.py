@@ -96,3 +96,27 @@ def test_inferencex_result_maps_seconds_back_to_ms_and_keeps_counts_missing() ->
     assert p["interactivity"]["median"] == pytest.approx(116.4, abs=0.05)  # the design card's reference point
     assert p["num_prompts"] is None and p["completed"] is None and p["failed"] is None
     assert "duration_s" not in p and "output_tokens" not in p
+
+
+def test_inferencex_result_is_stored_with_its_counts_missing(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    path = FIX / "agg_kimik2.5_fp4_atom_tp4_conc4_isl8192_osl1024.json"
+    assert main(["import", "--from", "inferencex", str(path), "--db", db]) == 0
+    with Store.open(db, readonly=True) as store:
+        (run,) = store.list_runs()
+        doc = store.export_run(run["id"])
+    (p,) = doc["points"]
+    assert p["num_prompts"] is None and p["completed"] is None and p["failed"] is None
+    assert p["tput_per_gpu"] == 1024.6 and run["engine"] == "atom" and run["num_gpus"] == 4
+    capsys.readouterr()
+    assert main(["show", str(run["id"]), "--db", db]) == 0
+    assert "1,024" in capsys.readouterr().out
+
+
+def test_counts_are_all_given_or_all_missing() -> None:
+    from k2bench.harness import runjson
+
+    doc = importers.to_documents("vllm", [VLLM[0]], importers.ImportOptions())
+    point = dict(doc[0]["points"][0], completed=None)
+    with pytest.raises(UserError, match="given together or all null"):
+        runjson.validate_point(point)
