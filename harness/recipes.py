@@ -36,6 +36,7 @@ class Recipe:
     ready_timeout_s: float = 600.0  # loading a 1T-parameter checkpoint takes minutes
     default_model: str | None = None  # used when --model is not given
     source: str = "built-in"  # or the user recipe file it came from
+    record_command: bool = False  # record the argv template among the flags (a --server-cmd: it is the config)
 
 
 def _py(code: str) -> tuple[str, ...]:
@@ -135,7 +136,8 @@ def custom(server_cmd: str, *, name: str = CUSTOM) -> Recipe:
     """The recipe of a ``--server-cmd`` string: any engine, launched without a code change.
 
     The command must listen on ``{port}`` (k2bench picks a free one); {host} {model} {tp} {python}
-    are filled in too. Its flags are the whole command, so two different commands never compare.
+    are filled in too. The recorded flags (part of the fingerprint) are the command as written, so
+    runs of two different commands never compare, and runs of one command always do.
     """
     try:
         argv = tuple(shlex.split(server_cmd))
@@ -148,7 +150,7 @@ def custom(server_cmd: str, *, name: str = CUSTOM) -> Recipe:
         raise UserError("--server-cmd must contain {port}: k2bench chooses a free port and the server has to "
                         "listen on it")
     return Recipe(name=name, description="a server command given with --server-cmd", argv=argv,
-                  ready_timeout_s=3600.0, default_model="default")
+                  ready_timeout_s=3600.0, default_model="default", record_command=True)
 
 
 def _str_tuple(value, key: str, where: str) -> tuple[str, ...]:
@@ -243,7 +245,8 @@ def render(recipe: Recipe, *, model: str, tp: int, port: int, host: str = "127.0
     extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
     values = {"python": sys.executable, "model": model, "tp": str(tp), "host": host, "port": str(port)}
     flags = list(recipe.flags) + extra
-    return _fill(recipe.argv, values) + flags, flags
+    recorded = (list(recipe.argv) if recipe.record_command else []) + flags  # the template: no port in it
+    return _fill(recipe.argv, values) + flags, recorded
 
 
 def version_command(recipe: Recipe) -> list[str] | None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from k2bench.errors import UserError
 from k2bench.harness import launch, recipes
 from k2bench.harness.cli import main
+from k2bench.harness.store import Store
 
 
 def test_server_cmd_fills_placeholders_and_records_the_whole_command() -> None:
     r = recipes.custom("myserve --model {model} --tp {tp} --bind {host}:{port} --x 'a b'")
     argv, flags = recipes.render(r, model="m1", tp=4, port=8123, host="0.0.0.0")
     assert argv == ["myserve", "--model", "m1", "--tp", "4", "--bind", "0.0.0.0:8123", "--x", "a b"]
-    assert flags == []
+    # recorded as written: the same command on another port records the same flags
+    assert flags == ["myserve", "--model", "{model}", "--tp", "{tp}", "--bind", "{host}:{port}", "--x", "a b"]
+    assert recipes.render(r, model="m1", tp=4, port=9999)[1] == flags
 
 
 @pytest.mark.parametrize(("cmd", "message"), [
@@ -77,3 +82,22 @@ def test_custom_recipe_launches_from_its_working_directory(tmp_path) -> None:
     with server:
         assert launch._get(server.base_url + "/v1/models", timeout=5) == 200
     assert server.proc is None
+
+
+def test_sweep_launches_a_server_command(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)  # server logs go to ./results/logs
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    cmd = "{python} -m k2bench.harness.testserver --host {host} --port {port} --model {model} --itl-ms 2"
+    base = ["sweep", "--server-cmd", cmd, "--model", "tiny-m", "--isl", "8", "--osl", "4", "--conc", "1",
+            "--num-prompts", "2", "--warmup", "0", "--db", db, "--commit", "c1"]
+    assert main(base) == 0
+    with Store.open(db, readonly=True) as store:
+        (run,) = store.list_runs()
+    assert run["engine"] == "custom" and run["status"] == "complete" and run["model"] == "tiny-m"
+    assert run["engine_flags"] == shlex.split(cmd) and "--itl-ms 2" in run["server_command"]
+    assert main([*base[:2], cmd.replace("--itl-ms 2", "--itl-ms 3"), *base[3:]]) == 0
+    with Store.open(db, readonly=True) as store:
+        assert len({r["fingerprint"] for r in store.list_runs()}) == 2  # another command, another config
+    assert main(["sweep", "--server-cmd", cmd, "--engine", "vllm", "--db", db]) == 2
+    assert "not both" in capsys.readouterr().err
+
