@@ -37,6 +37,21 @@ from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 SCHEMA_PREFIX = "k2bench.run/"
 SCHEMA_VERSION = 2
 
+
+def update_to_2(doc: dict) -> dict:
+    """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
+    that does not count requests), and adds a level's validity: an older level counts when none of its
+    requests failed (or when it has no counts)."""
+    for point in doc.get("points") or []:
+        if isinstance(point, dict) and "valid" not in point:
+            point["valid"] = point.get("failed") in (0, None)
+            point["invalid_reason"] = None if point["valid"] else "requests failed (recorded before validity was)"
+    return doc
+
+
+# UPGRADES[n] turns a version-n document into version n + 1.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
+
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
 
@@ -130,9 +145,10 @@ class Point:
 
     concurrency: int = col("pos_int", Integer(), "requests in flight", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "repeat number", nullable=False, default=0)
-    num_prompts: int = col("nonneg_int", Integer(), "measured requests", required=True, nullable=False)
-    completed: int = col("nonneg_int", Integer(), "successful requests", required=True, nullable=False)
-    failed: int = col("nonneg_int", Integer(), "failed requests", required=True, nullable=False)
+    # null only in results imported from a tool that does not report them (InferenceX), all three together
+    num_prompts: int | None = col("nonneg_int?", Integer(), "measured requests", required=True)
+    completed: int | None = col("nonneg_int?", Integer(), "successful requests", required=True)
+    failed: int | None = col("nonneg_int?", Integer(), "failed requests", required=True)
     osl_mismatches: int | None = col("nonneg_int?", Integer(), "requests whose output length differed from OSL",
                                      nullable=False, default=0)
     errors: list[str] | None = col("str_list?", JSON(), "first error messages", default=[])
@@ -176,19 +192,6 @@ class Request:
     output_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.completion_tokens")
     success: bool = col("bool", Boolean(), "completed without error", required=True, nullable=False)
     error: str | None = col("str?", Text(), "first error message")
-
-
-def update_to_2(doc: dict) -> dict:
-    """Version 2 added a level's validity: an older level counts when none of its requests failed."""
-    for point in doc.get("points") or []:
-        if isinstance(point, dict) and "valid" not in point:
-            point["valid"] = point.get("failed") == 0
-            point["invalid_reason"] = None if point["valid"] else "requests failed (recorded before validity was)"
-    return doc
-
-
-# UPGRADES[n] turns a version-n document into version n + 1.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
 
 
 def specs(cls: type) -> tuple[Spec, ...]:

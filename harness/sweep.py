@@ -34,6 +34,8 @@ class SweepConfig:
     workload: Workload
     url: str | None = None
     engine: str | None = None
+    server_cmd: str | None = None  # launch this command line instead of a recipe (the custom recipe)
+    server_cwd: str | None = None  # where the launched server runs (a backfilled commit's worktree)
     model: str | None = None
     tp: int = 1
     num_prompts: int | None = None  # per level; default 10 x concurrency
@@ -74,8 +76,11 @@ class SweepConfig:
                 for _ in range(self.trials)]
 
     def validate(self) -> None:
-        if self.url and self.engine:
-            raise UserError("give either --url (attach to a running server) or --engine (launch one), not both")
+        given = [flag for flag, v in (("--url", self.url), ("--engine", self.engine),
+                                      ("--server-cmd", self.server_cmd)) if v]
+        if len(given) > 1:
+            raise UserError(f"give either --url (attach to a running server) or --engine / --server-cmd (launch "
+                            f"one), not both ({' and '.join(given)})")
         for name in ("tp", "trials"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be at least 1")
@@ -169,7 +174,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     try:
         with _sigterm_as_interrupt(), launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
-                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key, say=say) as srv:
+                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
+                server_cmd=cfg.server_cmd, cwd=cfg.server_cwd, say=say) as srv:
             request_model, vocab, meta = _describe_run(cfg, srv, say)
             result.meta = meta
             w = cfg.workload
