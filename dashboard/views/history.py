@@ -74,9 +74,12 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.caption("`k2bench bisect` named these commits as the first bad ones; each is marked on the first "
                    "run after it.")
         shown = culprits.assign(first_bad=[data.commit_url(c) or c for c in culprits["first_bad"]])
-        st.dataframe(shown[["first_bad", "subject", "good", "bad", "run_id"]], hide_index=True,
-                     key="history_culprits", column_config={"first_bad": st.column_config.LinkColumn(
-                         "culprit", display_text=r"/commit/([0-9a-f]{10})")} if data.commit_url("0") else None)
+        shown = shown[["first_bad", "subject", "good", "bad", "run_id"]]
+        culprit_columns = table_columns(shown)
+        if data.commit_url("0"):
+            culprit_columns["first_bad"] = st.column_config.LinkColumn(
+                "culprit", display_text=r"/commit/([0-9a-f]{10})")
+        st.dataframe(shown, hide_index=True, key="history_culprits", column_config=culprit_columns)
     if not marks.empty:
         st.subheader("Change points")
         cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]
