@@ -35,9 +35,7 @@ from k2bench.errors import UserError
 from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
-SCHEMA_VERSION = 1
-# UPGRADES[n] turns a version-n document into version n + 1 (e.g. {1: update_to_2}).
-UPGRADES: dict[int, Callable[[dict], dict]] = {}
+SCHEMA_VERSION = 2
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
@@ -176,6 +174,20 @@ class Request:
     error: str | None = col("str?", Text(), "first error message")
 
 
+@dataclass
+class Eval:
+    """One accuracy evaluation run on the run's server (k2bench eval / sweep --eval): the top-level
+    ``evals`` list of the document (schema version 2)."""
+
+    task: str = col("str", String(64), "evaluation task (tiny-arith, gsm8k, ...)", required=True, nullable=False)
+    metric: str = col("str", String(64), "lm-eval metric (exact_match)", required=True, nullable=False)
+    value: float = col("ratio", Float(), "the metric over all items, 0..1", required=True, nullable=False)
+    stderr: float | None = col("float?", Float(), "standard error of value")
+    n: int = col("pos_int", Integer(), "items evaluated", required=True, nullable=False)
+    concurrency: int | None = col("pos_int?", Integer(), "requests in flight during the evaluation")
+    items: list | None = col("json?", JSON(), "per-item scores in task order (the gate's two-proportion test)")
+
+
 def specs(cls: type) -> tuple[Spec, ...]:
     return tuple(dataclasses.replace(f.metadata["spec"], name=f.name) for f in dataclasses.fields(cls))
 
@@ -183,6 +195,17 @@ def specs(cls: type) -> tuple[Spec, ...]:
 RUN: tuple[Spec, ...] = specs(Run)
 POINT: tuple[Spec, ...] = specs(Point)
 REQUEST: tuple[Spec, ...] = specs(Request)
+EVAL: tuple[Spec, ...] = specs(Eval)
+
+
+def update_to_2(doc: dict) -> dict:
+    """Version 2 adds the optional top-level ``evals`` list: a version-1 document has none."""
+    doc.setdefault("evals", [])
+    return doc
+
+
+# UPGRADES[n] turns a version-n document into version n + 1.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
 
 FINGERPRINT_FIELDS: tuple[str, ...] = tuple(s.name for s in RUN if s.fingerprint)
 # Short run fields (no free text or JSON): what frames join to each level and tables list.
