@@ -53,6 +53,9 @@ class SweepConfig:
     log_dir: str = "results/logs"
     api_key: str | None = None
     notes: str | None = None
+    evals: list[tuple[str, int | None]] = field(default_factory=list)  # (task, concurrency or None: highest level)
+    eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
+    eval_limit: int | None = None  # only the first N items of each evaluation
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -126,6 +129,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def _evaluate(cfg: SweepConfig, store, run_id: int, url: str, model: str, task: str, conc: int,
+              say: Callable[[str], None]) -> None:
+    """Accuracy on the same server after the levels (lm-eval, imported only when asked for)."""
+    from k2bench.harness.eval.runner import run_eval
+
+    say(f"eval {task} at concurrency {conc}")
+    res = run_eval(url, task, limit=cfg.eval_limit, concurrency=conc, data=cfg.eval_data, model=model)
+    store.add_eval(run_id, {"task": res.task, "metric": res.metric, "value": res.value, "stderr": res.stderr,
+                            "n": res.n, "concurrency": conc, "items": res.items})
+    say(f"eval {task}: {res.metric} {res.value:.4f} (n={res.n})")
+
+
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
@@ -192,6 +207,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     points.append(point)
                     if events.level_done:
                         events.level_done(point)
+            for task, conc in cfg.evals:
+                _evaluate(cfg, store, run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
         status = "complete"
     finally:
         try:
