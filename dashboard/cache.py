@@ -45,3 +45,9 @@ def change_points(url: str, fingerprint: str, branch: str | None) -> pd.DataFram
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run(url: str, run_id: int) -> dict:
     return store(url).get_run(run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def evals(url: str, run_ids: tuple[int, ...]) -> dict[int, list[dict]]:
+    return store(url).evals_by_run(run_ids)
+
