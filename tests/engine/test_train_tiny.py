@@ -21,6 +21,7 @@ def _train(out: Path, **spec) -> dict:
     return train_tiny(out, "tiny-arith", TrainSpec(**spec))
 
 
+@pytest.mark.timeout(900)  # two short trainings; minutes on a loaded 2-core machine
 def test_training_is_deterministic_and_writes_quark_mxfp4(tmp_path):
     from safetensors import safe_open
 
@@ -72,6 +73,7 @@ def _eval(server: Server, tmp_path: Path, name: str) -> tuple[int, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first user of `trained` pays for the training run
 @pytest.mark.parametrize("mode", ["w4", "a4w4"])
 def test_trained_model_served_in_mxfp4_is_right(trained, tmp_path, mode):
     pytest.importorskip("lm_eval")
@@ -84,6 +86,7 @@ def test_trained_model_served_in_mxfp4_is_right(trained, tmp_path, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_scale_fault_breaks_accuracy_not_the_work(trained, tmp_path, monkeypatch):
     """One exponent off in every E8M0 scale: same tensors, shapes and kernels, wrong numbers."""
     pytest.importorskip("lm_eval")
