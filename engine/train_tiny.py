@@ -38,7 +38,7 @@ TASKS = ("tiny-arith",)
 class TrainSpec:
     """One place for the trainer's defaults (the CLI reads these)."""
 
-    steps: int = 800
+    steps: int = 1200
     batch: int = 64
     lr: float = 3e-3
     warmup: float = 0.05  # fraction of steps with a linearly rising learning rate
