@@ -37,6 +37,18 @@ from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 SCHEMA_PREFIX = "k2bench.run/"
 SCHEMA_VERSION = 2
 
+
+def update_to_2(doc: dict) -> dict:
+    """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
+    that does not count requests), and adds the optional top-level ``evals`` list (accuracy evaluations):
+    a version-1 document has none."""
+    doc.setdefault("evals", [])
+    return doc
+
+
+# UPGRADES[n] turns a version-n document into version n + 1.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
+
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
 
@@ -130,9 +142,10 @@ class Point:
 
     concurrency: int = col("pos_int", Integer(), "requests in flight", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "repeat number", nullable=False, default=0)
-    num_prompts: int = col("nonneg_int", Integer(), "measured requests", required=True, nullable=False)
-    completed: int = col("nonneg_int", Integer(), "successful requests", required=True, nullable=False)
-    failed: int = col("nonneg_int", Integer(), "failed requests", required=True, nullable=False)
+    # null only in results imported from a tool that does not report them (InferenceX), all three together
+    num_prompts: int | None = col("nonneg_int?", Integer(), "measured requests", required=True)
+    completed: int | None = col("nonneg_int?", Integer(), "successful requests", required=True)
+    failed: int | None = col("nonneg_int?", Integer(), "failed requests", required=True)
     osl_mismatches: int | None = col("nonneg_int?", Integer(), "requests whose output length differed from OSL",
                                      nullable=False, default=0)
     errors: list[str] | None = col("str_list?", JSON(), "first error messages", default=[])
@@ -197,15 +210,6 @@ POINT: tuple[Spec, ...] = specs(Point)
 REQUEST: tuple[Spec, ...] = specs(Request)
 EVAL: tuple[Spec, ...] = specs(Eval)
 
-
-def update_to_2(doc: dict) -> dict:
-    """Version 2 adds the optional top-level ``evals`` list: a version-1 document has none."""
-    doc.setdefault("evals", [])
-    return doc
-
-
-# UPGRADES[n] turns a version-n document into version n + 1.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
 
 FINGERPRINT_FIELDS: tuple[str, ...] = tuple(s.name for s in RUN if s.fingerprint)
 # Short run fields (no free text or JSON): what frames join to each level and tables list.

@@ -45,14 +45,14 @@ def run_tiny(args: argparse.Namespace) -> int:
     if args.steps is not None:
         raise UserError("--steps only applies with --task")
     try:
-        from k2bench.engine.tiny import write_tiny_checkpoint
+        from k2bench.engine.model.tiny import write_tiny_checkpoint
     except ImportError as exc:
         raise UserError(f"the bundled engine needs its extra: pip install 'k2bench[engine]' ({exc})") from exc
     from dataclasses import replace
 
     import torch
 
-    from k2bench.engine.tiny import PRESETS
+    from k2bench.engine.model.tiny import PRESETS
 
     try:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
@@ -79,7 +79,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be at least 1, not {args.steps}")
     try:
-        from k2bench.engine.train_tiny import TrainSpec, train_tiny
+        from k2bench.engine.model.train_tiny import TrainSpec, train_tiny
     except ImportError as exc:
         raise UserError(f"training needs the engine extra and transformers: pip install 'k2bench[engine,dev]' "
                         f"({exc})") from exc

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.engine]
 
 
 def _train(out: Path, **spec) -> dict:
-    from k2bench.engine.train_tiny import TrainSpec, train_tiny
+    from k2bench.engine.model.train_tiny import TrainSpec, train_tiny
 
     return train_tiny(out, "tiny-arith", TrainSpec(**spec))
 
@@ -96,8 +96,8 @@ def test_trained_model_served_in_mxfp4_is_right(trained, tmp_path, mode):
 def test_scale_fault_breaks_accuracy_not_the_work(trained, tmp_path, monkeypatch):
     """One exponent off in every E8M0 scale: same tensors, shapes and kernels, wrong numbers."""
     pytest.importorskip("lm_eval")
-    from k2bench.engine import faults
-    from k2bench.engine.loader import load_model
+    from k2bench.engine.model import faults
+    from k2bench.engine.model.loader import load_model
 
     clean = {k: v.clone() for k, v in load_model(trained, dtype="float32")[0].state_dict().items()}
     monkeypatch.setenv(faults.SCALE_SHIFT_ENV, "1")
