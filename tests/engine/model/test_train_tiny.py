@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_runtime_server import Server
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
+from test_runtime_server import Server  # noqa: E402
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.engine]
