@@ -14,13 +14,18 @@ k2_paths() {
 
 # k2_sweep WHO DIR COMMIT BRANCH [ARG...]: run one sweep inside the checkout DIR:
 #   $K2BENCH_SWEEP_CMD (default "k2bench sweep") $K2BENCH_SWEEP_ARGS --commit C --branch B --db $DB ARG...
-# A failed sweep exits the script with 3 (never 1: to the PR gate 1 means a regression).
+# A sweep whose levels were all measured goes on even when some level is invalid (its exit 1): the
+# gate reports such a level as `invalid`. Any other failure exits the script with 3 (never 1: to the PR
+# gate 1 means a regression).
 k2_sweep() {
-  local who=$1 dir=$2 commit=$3 branch=$4
+  local who=$1 dir=$2 commit=$3 branch=$4 rc=0
   shift 4
   (cd "$dir" && bash -c "${K2BENCH_SWEEP_CMD:-k2bench sweep} ${K2BENCH_SWEEP_ARGS:-} \"\$@\"" sweep \
-    --commit "$commit" --branch "$branch" --db "$DB" "$@") || {
-    echo "$who: the sweep of ${commit:0:10} failed" >&2
+    --commit "$commit" --branch "$branch" --db "$DB" "$@") || rc=$?
+  if [ "$rc" = 1 ]; then
+    echo "$who: the sweep of ${commit:0:10} stored an invalid level; the gate reports it as invalid" >&2
+  elif [ "$rc" != 0 ]; then
+    echo "$who: the sweep of ${commit:0:10} failed (exit $rc)" >&2
     exit 3
-  }
+  fi
 }

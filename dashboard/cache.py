@@ -23,8 +23,8 @@ def runs(url: str) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def points(url: str, run_ids: tuple[int, ...]) -> pd.DataFrame:
-    return data.load_points(store(url), run_ids)
+def points(url: str, run_ids: tuple[int, ...], include_invalid: bool = False) -> pd.DataFrame:
+    return data.load_points(store(url), run_ids, include_invalid)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

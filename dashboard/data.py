@@ -60,8 +60,8 @@ RUN_COLUMNS = ["run_id", *schema.RUN_SUMMARY_FIELDS, "levels"]
 _TIME_FIELDS = [s.name for s in schema.RUN if s.base == "time"]
 # The run page: metadata rows, then one row per level with these columns.
 META_FIELDS = list(schema.RUN_SUMMARY_FIELDS)
-LEVEL_COLUMNS = ["concurrency", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
-                 *(m.column for m in TABLE_METRICS)]
+LEVEL_COLUMNS = ["concurrency", "valid", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
+                 *(m.column for m in TABLE_METRICS), "invalid_reason"]
 
 
 def load_runs(store) -> pd.DataFrame:
@@ -78,9 +78,12 @@ def load_runs(store) -> pd.DataFrame:
     return df
 
 
-def load_points(store, run_ids=None) -> pd.DataFrame:
-    """Points of the given runs (all runs when None) with configuration labels."""
+def load_points(store, run_ids=None, include_invalid: bool = False) -> pd.DataFrame:
+    """Points of the given runs (all runs when None) with configuration labels. Invalid levels (kept
+    in the store with their reason) are left out unless asked for, as in frontiers and the gate."""
     df = store.points_frame(run_ids=None if run_ids is None else list(run_ids))
+    if not include_invalid and "valid" in df.columns:
+        df = df[df["valid"].fillna(False).astype(bool)]
     if df.empty:
         return df.assign(config=pd.Series(dtype=str))
     df = df.copy()

@@ -102,7 +102,9 @@ def _reject_unknown(used: argparse.ArgumentParser, extras: Sequence[str]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extras = parser.parse_known_args(argv)
+    args.argv = argv  # the command line as given, for the run's reproducible record
     if extras:
         _reject_unknown(args.parser_used, extras)
     logging.basicConfig(

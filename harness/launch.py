@@ -244,10 +244,21 @@ class ServerHandle:
 
     url: str
     engine: str  # the recipe's name, or "external" when attached
-    served_models: list[str]
+    served: list[dict]  # the entries of its /v1/models
     launched: Server | None = None
     model_dir: Path | None = None  # the local model folder, when there is one
     precision: str | None = None  # as the recipe states it
+
+    @property
+    def served_models(self) -> list[str]:
+        return [m["id"] for m in self.served]
+
+    def model_root(self, model_id: str) -> Path | None:
+        """The local folder the server says it loaded ``model_id`` from (vLLM's "root"), if it is here."""
+        root = next((m.get("root") for m in self.served if m["id"] == model_id), None)
+        if isinstance(root, str) and (Path(root) / "config.json").is_file():
+            return Path(root)
+        return None
 
     @property
     def process(self) -> subprocess.Popen | None:
@@ -299,11 +310,11 @@ def open_server(*, url: str | None = None, engine: str | None = None, model: str
     """Attach to ``url``, or launch recipe ``engine`` (default: the bundled engine on its tiny model) or
     the ``server_cmd`` command line (the custom recipe; run in ``cwd`` when given), wait until it
     serves, yield its handle, and stop what was launched on the way out."""
-    from k2bench.harness.loadgen import probe, run
+    from k2bench.harness.loadgen import run, served_models
 
     if url:
         base = normalize_base_url(url)
-        yield ServerHandle(url=base, engine=engine or "external", served_models=run(probe(base, api_key=api_key)))
+        yield ServerHandle(url=base, engine=engine or "external", served=run(served_models(base, api_key=api_key)))
         return
     if server_cmd:
         recipe = recipes.custom(server_cmd)
@@ -321,7 +332,7 @@ def open_server(*, url: str | None = None, engine: str | None = None, model: str
     say(f"starting {name}: {server.command}  (log: {server.log_path})")
     with server:
         handle = ServerHandle(url=server.base_url, engine=name,
-                              served_models=run(probe(server.base_url, api_key=api_key)), launched=server,
+                              served=run(served_models(server.base_url, api_key=api_key)), launched=server,
                               model_dir=Path(model) if Path(model).is_dir() else None, precision=recipe.precision)
         try:
             yield handle

@@ -27,6 +27,14 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from k2bench.errors import ServerError
+from k2bench.harness.level_watch import (
+    CANNOT_CONNECT,
+    CONNECTION_CLOSED,
+    CONNECTION_LOST,
+    ERRORS_KEPT,
+    TIMED_OUT,
+    LevelWatch,
+)
 from k2bench.harness.records import RequestRecord
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
@@ -48,7 +56,6 @@ except ImportError:  # pragma: no cover - depends on the environment
     _NUMPY = 0
 
 READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
-ERRORS_KEPT = 400  # characters of a server's error body kept in a record
 
 
 def event_loop_name() -> str:
@@ -246,11 +253,13 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
             if tail.strip():
                 message(tail, now())
     except asyncio.TimeoutError:
-        failure = f"timed out after {timeout_s:g} s (per-request --timeout)"
+        failure = f"{TIMED_OUT} after {timeout_s:g} s (per-request --timeout)"
     except aiohttp.ClientPayloadError as exc:
-        failure = f"stream ended early: connection closed mid-response ({_describe(exc)})"
+        failure = f"{CONNECTION_CLOSED} mid-response ({_describe(exc)})"
     except aiohttp.ClientConnectorError as exc:
-        failure = f"cannot connect: {_describe(exc)}"
+        failure = f"{CANNOT_CONNECT} {_describe(exc)}"
+    except (aiohttp.ServerDisconnectedError, ConnectionResetError, aiohttp.ClientOSError) as exc:
+        failure = f"{CONNECTION_LOST} {_describe(exc)}"
     except (aiohttp.ClientError, OSError) as exc:
         failure = _describe(exc)
     rec.end_ns = now()
@@ -268,27 +277,43 @@ def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failur
 
 async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[tuple[bytes, RequestRecord]],
                        concurrency: int, timeout_s: float,
-                       on_done: Callable[[RequestRecord], None] | None) -> None:
+                       on_done: Callable[[RequestRecord], None] | None, watch: LevelWatch) -> None:
     queue = iter(work)
 
     async def worker() -> None:
         for body, rec in queue:  # the shared iterator hands each request to exactly one worker
-            await stream_one(session, url, body, rec, timeout_s)
+            if watch.stopped is not None:
+                return  # this one is never sent (send_ns stays 0)
+            try:
+                await stream_one(session, url, body, rec, timeout_s)
+            except asyncio.CancelledError:
+                if watch.stopped is not None:  # cut off in flight by a stop: failed, with the reason
+                    rec.end_ns, rec.success = time.monotonic_ns(), False
+                    rec.error = f"stopped in flight: {watch.stopped}"[:ERRORS_KEPT]
+                raise
+            watch.finished(rec)
             if on_done is not None:
                 on_done(rec)
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(work)))))
+    watch._tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(work)))]
+    results = await asyncio.gather(*watch._tasks, return_exceptions=True)
+    for result in results:  # a stop cancels workers; anything else a worker raised is a bug to show
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
 
 
 async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
-                    on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+                    on_done: Callable[[RequestRecord], None] | None = None,
+                    watch: LevelWatch | None = None) -> list[RequestRecord]:
     """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
 
     Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
-    Prompts are used in order and reused cyclically if there are fewer than requests.
+    Prompts are used in order and reused cyclically if there are fewer than requests. When ``watch``
+    stops the level early, only the requests that were sent are returned (see ``watch.stopped``).
     """
     if not prompts:
         raise ValueError("no prompts")
+    watch = watch or LevelWatch()
     url = normalize_base_url(spec.base_url) + "/v1/completions"
     total = spec.num_warmup + spec.num_prompts
     work: list[tuple[bytes, RequestRecord]] = []
@@ -298,22 +323,33 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                             requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0)
         work.append((request_body(spec.model, p, spec.extra_body), rec))
     warm, measured = work[: spec.num_warmup], work[spec.num_warmup:]
+    deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)
+    watcher = asyncio.ensure_future(watch.watch(deadline))
     gc.collect()
     gc.disable()  # a collection pause would land in somebody's TTFT
     try:
         async with make_session(spec.timeout_s, spec.api_key) as session:
             if warm:
-                await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done)
-                if not any(r.success for _, r in warm):
+                await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done, watch)
+                if watch.stopped is None and not any(r.success for _, r in warm):
                     raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
-            await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done)
+            if watch.stopped is None:
+                await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done, watch)
     finally:
         gc.enable()
+        watcher.cancel()
+    if watch.stopped is not None:
+        return [rec for _, rec in work if rec.send_ns]
     return [rec for _, rec in work]
 
 
 async def probe(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[str]:
     """Check the server answers ``/v1/models``; return the model ids it serves."""
+    return [m["id"] for m in await served_models(base_url, timeout_s, api_key)]
+
+
+async def served_models(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[dict]:
+    """The entries of the server's ``/v1/models`` (each has an ``id``; vLLM's also the model's ``root``)."""
     root = normalize_base_url(base_url)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=_auth(api_key)) as s:
@@ -326,9 +362,10 @@ async def probe(base_url: str, timeout_s: float = 10.0, api_key: str | None = No
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise ServerError(f"no usable answer from {root}/v1/models: {_describe(exc)}") from None
     try:
-        return [m["id"] for m in json.loads(text).get("data", [])]
+        models = [m for m in json.loads(text).get("data", []) if isinstance(m["id"], str)]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ServerError(f"{root}/v1/models did not return an OpenAI model list: {text[:200]}") from None
+    return models
 
 
 def level_failure(records: Sequence[RequestRecord]) -> str | None:

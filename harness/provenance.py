@@ -48,18 +48,36 @@ def git_dirty(repo: str | None = None) -> bool | None:
     return None if out is None else bool(out)
 
 
+def _smi(argv: list[str]) -> list[str]:
+    """The non-empty output lines of a GPU tool (nvidia-smi, rocm-smi), or [] when it is missing or fails."""
+    if not shutil.which(argv[0]):
+        return []
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def gpus() -> list[dict]:
+    """Each visible GPU's name (and, on NVIDIA, its maximum SM clock and driver version)."""
+    found = []
+    for line in _smi(["nvidia-smi", "--query-gpu=name,clocks.max.sm,driver_version", "--format=csv,noheader,nounits"]):
+        name, _, rest = line.partition(",")
+        clock, _, driver = rest.partition(",")
+        found.append({"name": name.strip(), "max_sm_mhz": clock.strip() or None, "driver": driver.strip() or None})
+    if not found:  # rocm-smi's CSV: a header, then one line per card
+        found = [{"name": line.split(",")[-1].strip()} for line in _smi(["rocm-smi", "--showproductname", "--csv"])[1:]]
+    return found
+
+
 def detect_hardware() -> str:
     """A short name for what the server runs on: the first GPU's name, else the CPU."""
     for argv in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                  ["rocm-smi", "--showproductname", "--csv"]):
-        if shutil.which(argv[0]):
-            try:
-                out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-            if out.returncode == 0 and lines:
-                return lines[-1] if argv[0] == "rocm-smi" else lines[0]
+        lines = _smi(argv)
+        if lines:
+            return lines[-1] if argv[0] == "rocm-smi" else lines[0]
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -97,3 +115,10 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def device_label(hardware: str | None, count: int) -> str:
+    """'1 CPU' or '4 GPU(s)': what tok/s/GPU was divided by, named truthfully."""
+    if (hardware or "").startswith("cpu"):
+        return f"{count} CPU" + ("s" if count > 1 else "")
+    return f"{count} GPU(s)"

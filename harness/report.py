@@ -14,7 +14,7 @@ from k2bench.harness.analysis.regress import METRICS, RegressResult, Verdict
 
 COMMENT_MARKER = "<!-- k2bench-regress -->"
 MARKS = {"regression": "❌", "improvement": "✅", "noise": "~", "unconfirmed": "?", "unchanged": "",
-         "missing": "n/a"}
+         "missing": "n/a", "invalid": "invalid"}
 HEADLINE = {"regression": "❌ **Regression**", "improvement": "✅ **Improvement**",
             "unchanged": "✅ **No significant change**", "no-baseline": "⚠️ **No comparable baseline**"}
 
@@ -135,7 +135,10 @@ def _delta_table(res: RegressResult) -> list[str]:
         cells = []
         for m in metrics:
             v = by.get((m.column, c))
-            cells.append("n/a" if v is None else f"{_pct(v.rel_change)} {MARKS[v.status]}".strip())
+            if v is not None and v.status == "invalid":
+                cells.append("invalid")
+            else:
+                cells.append("n/a" if v is None else f"{_pct(v.rel_change)} {MARKS[v.status]}".strip())
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     thr_text = ", ".join(sorted({f"{100 * v.threshold:g}%" for v in res.verdicts}))
     out += ["", f"Change of candidate vs baseline (higher is better for tok/s/GPU and tok/s/user, lower for "

@@ -135,6 +135,10 @@ def validate_run(run, where: str = "run") -> dict:
 
 def validate_point(point, where: str = "point") -> dict:
     out = _check_fields(point, schema.POINT, where)
+    if out["valid"] is None:  # a level summarised without a validity verdict counts when nothing failed
+        out["valid"] = out["failed"] in (0, None)  # (no counts: an imported result, taken as its source gave it)
+        if not out["valid"] and out["invalid_reason"] is None:
+            out["invalid_reason"] = f"{out['failed']} of {out['num_prompts']} requests failed"
     counts = [out[k] for k in ("num_prompts", "completed", "failed")]
     if all(c is None for c in counts):  # an imported result without request counts
         return out

@@ -40,8 +40,13 @@ SCHEMA_VERSION = 2
 
 def update_to_2(doc: dict) -> dict:
     """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
-    that does not count requests), and adds the optional top-level ``evals`` list (accuracy evaluations):
-    a version-1 document has none."""
+    that does not count requests), adds a level's validity (an older level counts when none of its
+    requests failed, or when it has no counts) and the optional top-level ``evals`` list (accuracy
+    evaluations; a version-1 document has none)."""
+    for point in doc.get("points") or []:
+        if isinstance(point, dict) and "valid" not in point:
+            point["valid"] = point.get("failed") in (0, None)
+            point["invalid_reason"] = None if point["valid"] else "requests failed (recorded before validity was)"
     doc.setdefault("evals", [])
     return doc
 
@@ -157,6 +162,10 @@ class Point:
     output_tput_per_gpu: float | None = col("float?", Float(), "output tokens / duration / GPUs")
     input_tput_per_gpu: float | None = col("float?", Float(), "input tokens / duration / GPUs")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    # validity (version 2): an invalid level is kept but left out of frontiers, the gate and change points
+    valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.validity); absent: no request "
+                      "failed", nullable=False)
+    invalid_reason: str | None = col("str?", Text(), "why the level does not count (null when valid)")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")

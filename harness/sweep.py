@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import launch, provenance
+from k2bench.harness import estimate, launch, provenance, repro
+from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord
+from k2bench.harness.validity import ValidityRules, judge_level
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
 
@@ -55,6 +57,9 @@ class SweepConfig:
     log_dir: str = "results/logs"
     api_key: str | None = None
     notes: str | None = None
+    rules: ValidityRules = field(default_factory=ValidityRules)
+    level_timeout_s: float | None = None  # bounds a whole level, warmup included
+    command_line: list[str] | None = None  # the k2bench arguments, for the reproducible record
     evals: list[tuple[str, int | None]] = field(default_factory=list)  # (task, concurrency or None: highest level)
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
@@ -68,6 +73,10 @@ class SweepConfig:
         if self.warmup is not None:
             return self.warmup
         return round((2 if self.warmup_x is None else self.warmup_x) * conc)
+
+    def planned_levels(self) -> list[estimate.Level]:
+        return [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels
+                for _ in range(self.trials)]
 
     def validate(self) -> None:
         given = [flag for flag, v in (("--url", self.url), ("--engine", self.engine),
@@ -90,6 +99,9 @@ class SweepConfig:
             raise UserError("--warmup as a multiple of the concurrency must be 0 or more (e.g. 0.5x)")
         if self.timeout_s <= 0:
             raise UserError("--timeout must be positive")
+        if self.level_timeout_s is not None and self.level_timeout_s <= 0:
+            raise UserError("--level-timeout must be positive")
+        self.rules.validate()
         if not self.levels:
             raise UserError("--conc gave no levels")
 
@@ -103,12 +115,28 @@ class LevelEvents:
     message: Callable[[str], None] | None = None
 
 
+# Exit codes of `k2bench sweep` (and the meaning of SweepResult.exit_code)
+EXIT_OK = 0  # every level valid
+EXIT_INVALID = 1  # some level stored invalid (its reason is kept with it)
+EXIT_USAGE = 2  # bad input: nothing was measured
+EXIT_SERVER = 3  # the server died, stopped answering, or could not be used
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the finished levels are kept
+EXIT_CODES = ((EXIT_OK, "every level valid"), (EXIT_INVALID, "some level invalid (stored with its reason)"),
+              (EXIT_USAGE, "bad input; nothing measured"),
+              (EXIT_SERVER, "server problem (died, stopped answering, unusable answers); finished levels kept"),
+              (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM); finished levels kept"))
+
+
 @dataclass
 class SweepResult:
-    run_id: int
+    run_id: int | None  # None: no level finished, so no run was stored
     status: str
     points: list[dict]
     meta: dict
+    planned: int = 0  # levels x trials asked for
+    exit_code: int = EXIT_OK
+    problem: str | None = None  # why the sweep ended early (server death), for the CLI to print
+    unmeasured: int = 0  # levels stopped during warmup (--level-timeout): not stored, but not valid either
 
 
 @contextlib.contextmanager
@@ -147,6 +175,8 @@ def _evaluate(cfg: SweepConfig, store, run_id: int, url: str, model: str, task: 
 
 
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
+    """Measure every level, storing each as it finishes. The run is created with its first level, so
+    a sweep that measured nothing leaves nothing behind."""
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
 
@@ -154,79 +184,130 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
-    run_id: int | None = None
-    points: list[dict] = []
-    status = "failed"
-    meta: dict = {}
+    result = SweepResult(run_id=None, status="running", points=[], meta={},
+                         planned=len(cfg.levels) * cfg.trials)
     try:
         with _sigterm_as_interrupt(), launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
                 log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
                 server_cmd=cfg.server_cmd, cwd=cfg.server_cwd, say=say) as srv:
-            served = srv.served_models
-            request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
-            model_dir: Path | None = srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir()
-                                                       else None)
-            vocab = prompt_gen.vocabulary_from_model_dir(model_dir) if model_dir else None
-            model_name = model_dir.name if model_dir else (cfg.model or request_model or "unknown")
-            num_gpus = cfg.gpus or cfg.tp
+            request_model, vocab, meta = _describe_run(cfg, srv, say)
+            result.meta = meta
             w = cfg.workload
-            meta = {
-                "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
-                "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
-                "engine": srv.engine, "engine_version": srv.version,
-                "engine_flags": srv.flags, "server_command": srv.command,
-                "model": model_name,
-                "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir
-                                                                else None),
-                "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": num_gpus, "tp": cfg.tp,
-                "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
-                "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
-                "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
-                          "request_model": request_model, "prompt_mode": w.mode,
-                          "vocabulary": vocab.source if vocab else None, "versions": provenance.versions()},
-            }
-            if cfg.commit is None and meta["commit"] and provenance.git_dirty():
-                meta["extra"]["git_dirty"] = True
-                say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
-                    "against it with extra.git_dirty = true (commit first, or pass --commit)")
-            run_id = store.create_run(meta)
-            say(f"run {run_id}: {srv.engine} {model_name} on {meta['hardware']}, workload {w.name} "
+            say(f"{srv.engine} {meta['model']} on {meta['hardware']}, workload {w.name} "
                 f"(ISL {w.isl}, OSL {w.osl}), levels {','.join(map(str, cfg.levels))}")
-            for conc in cfg.levels:
-                for trial in range(cfg.trials):
-                    n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
-                    # one distinct prompt per request, warmup included: a server with prefix caching
-                    # must not get measured requests it has already seen
-                    prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
-                                                       vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
-                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
-                                     num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                    on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    records = run_async(run_level(spec, prompts, on_done))
-                    reason = level_failure(records)
-                    if reason:
-                        died = srv.death_note()
-                        raise ServerError(f"concurrency {conc}: {reason}" + (f"\n{died}" if died else ""))
-                    point = summarize_level(records, concurrency=conc, num_gpus=num_gpus, trial=trial)
-                    store.add_point(run_id, point, records)
-                    points.append(point)
+            speed = _probe_speed(cfg, srv.url, request_model, vocab)
+            if speed is not None:
+                seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
+                warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
+                say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
+            for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
+                n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
+                # one distinct prompt per request, warmup included: a server with prefix caching
+                # must not get measured requests it has already seen
+                prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
+                                                   vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
+                                 num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
+                watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
+                records = run_async(run_level(spec, prompts, on_done, watch))
+                if watch.prompts_rejected:
+                    raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not all in "
+                                    f"the server's vocabulary: pass --model <folder or id> so prompts use the "
+                                    f"server's vocabulary")
+                failure = level_failure(records) if watch.stopped is None else None
+                if failure:
+                    died = srv.death_note()
+                    raise ServerError(f"concurrency {conc}: {failure}" + (f"\n{died}" if died else ""))
+                if not any(not r.warmup for r in records):  # stopped before a measured request was sent
+                    point = None
+                    result.unmeasured += 1
+                    say(f"concurrency {conc}: nothing measured, stopped during warmup: {watch.stopped}")
+                else:
+                    point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
+                    point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
+                                                                          stopped=watch.stopped)
+                    if result.run_id is None:
+                        result.run_id = store.create_run(meta)
+                    store.add_point(result.run_id, point, records)
+                    result.points.append(point)
                     if events.level_done:
                         events.level_done(point)
-            for task, conc in cfg.evals:
-                _evaluate(cfg, store, run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
-        status = "complete"
+                if watch.server_down:
+                    result.exit_code = EXIT_SERVER
+                    result.problem = f"concurrency {conc}: {watch.stopped}"
+                    break
+            if result.run_id is not None and result.exit_code == EXIT_OK:
+                for task, conc in cfg.evals:
+                    _evaluate(cfg, store, result.run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
+        if result.exit_code == EXIT_OK:
+            result.status = "complete"
+            if result.unmeasured or any(not p["valid"] for p in result.points):
+                result.exit_code = EXIT_INVALID
+    except KeyboardInterrupt:
+        result.exit_code = EXIT_INTERRUPTED
     finally:
         try:
-            if run_id is not None:
-                if status != "complete":
-                    status = "partial" if points else "failed"
-                store.finish_run(run_id, status)
+            if result.status != "complete":
+                result.status = "partial" if any(p["valid"] for p in result.points) else "failed"
+            if result.run_id is not None:
+                store.finish_run(result.run_id, result.status)
                 if cfg.json_path:
                     from k2bench.harness import runjson
 
-                    runjson.write_doc(store.export_run(run_id), cfg.json_path)
+                    runjson.write_doc(store.export_run(result.run_id), cfg.json_path)
         finally:  # a failed finish or JSON write must not leave the database open
             store.close()
-    return SweepResult(run_id=run_id, status=status, points=points, meta=meta)
+    return result
 
+
+def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Speed | None:
+    """One request of the workload's lengths, timed, for the up-front estimate of a large sweep (None for
+    a sweep quick anywhere, or when the request fails: the first level will then say why)."""
+    from k2bench.harness.metrics import request_metrics
+
+    w = cfg.workload
+    if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
+        return None
+    # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompt is not one a level sends
+    prompts = prompt_gen.build_prompts(w, 1, base_url=url, model=model, vocab=vocab, seed=w.seed * 1_000_003 + 1)
+    spec = LevelSpec(base_url=url, model=model, concurrency=1, num_prompts=1, num_warmup=0, timeout_s=cfg.timeout_s,
+                     api_key=cfg.api_key)
+    rec = run_async(run_level(spec, prompts))[0]
+    m = request_metrics(rec, with_itl=False)
+    if m["ttft_ms"] is None or m["tpot_ms"] is None:
+        return None
+    return estimate.Speed(ttft_s=m["ttft_ms"] / 1000, tpot_s=m["tpot_ms"] / 1000)
+
+
+def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str], None]):
+    """The model id to request, the vocabulary prompts draw from, and what the run records."""
+    served = srv.served_models
+    request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
+    model_dir: Path | None = (srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir() else None)
+                              or srv.model_root(request_model))
+    vocab = prompt_gen.vocabulary_from_model_dir(model_dir) if model_dir else None
+    w = cfg.workload
+    meta = {
+        "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
+        "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
+        "engine": srv.engine, "engine_version": srv.version,
+        "engine_flags": repro.mask_argv(srv.flags) if srv.flags else srv.flags,
+        "server_command": repro.mask_command(srv.command),
+        "model": model_dir.name if model_dir else (cfg.model or request_model or "unknown"),
+        "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
+        "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
+        "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
+        "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
+        "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
+                  "request_model": request_model, "prompt_mode": w.mode,
+                  "vocabulary": vocab.source if vocab else None, "versions": provenance.versions(),
+                  "repro": repro.record(cfg.command_line, srv.command,
+                                        repro.server_env(srv.launched.env) if srv.launched else None, srv.url, w)},
+    }
+    if cfg.commit is None and meta["commit"] and provenance.git_dirty():
+        meta["extra"]["git_dirty"] = True
+        say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
+            "against it with extra.git_dirty = true (commit first, or pass --commit)")
+    return request_model, vocab, meta

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import time
 import zlib
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ class ServerConfig:
     start_delay_s: float = 0.0  # /health and /v1/models answer 503 until this long after start
     max_model_len: int = 1 << 20
     api_key: str | None = None  # require "Authorization: Bearer KEY" (not on /health)
+    vocab_size: int = 0  # refuse prompts with token ids >= this, as a real model does (0: any id)
+    root: str | None = None  # reported as the model's "root" in /v1/models (vLLM reports its model path)
+    kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
 
 
 class StreamRecord(NamedTuple):
@@ -164,6 +168,8 @@ class TestServer:
             return web.Response(status=503, text="starting")
         model = {"id": self.config.model, "object": "model", "owned_by": "k2bench",
                  "max_model_len": self.config.max_model_len}
+        if self.config.root:
+            model["root"] = self.config.root
         return web.json_response({"object": "list", "data": [model]})
 
     async def stats(self, request: web.BaseRequest) -> web.Response:
@@ -208,6 +214,8 @@ class TestServer:
         cfg = self.config
         self.requests += 1
         n = self.requests
+        if cfg.kill_after and n > cfg.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -218,6 +226,9 @@ class TestServer:
             prompt = _prompt_ids(body.get("prompt"))
         except ValueError as exc:
             return _error(400, str(exc))
+        bad = next((t for t in prompt if cfg.vocab_size and not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            return _error(400, f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
         max_tokens = body.get("max_tokens")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _error(400, "max_tokens must be a positive integer")
@@ -299,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-delay-s", type=float, default=0.0, help="stay unready this long")
     p.add_argument("--max-model-len", type=int, default=ServerConfig.max_model_len)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
+    p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
+    p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -309,6 +323,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prefill_us_per_token=args.prefill_us_per_token, fail_status=args.fail_status, fail_every=args.fail_every,
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
+        vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after,
     )
 
 

@@ -18,7 +18,7 @@ def csv_download(df: pd.DataFrame, name: str, key: str) -> None:
 
 # Plain headers for the run and configuration columns a table may carry beside its metrics.
 _PLAIN_HEADERS = {"config": "configuration", "run_id": "run", "started_at": "started (UTC)", "p_value": "p-value",
-                  "rel_change": "change", "osl_mismatches": "OSL mismatches"}
+                  "rel_change": "change", "osl_mismatches": "OSL mismatches", "invalid_reason": "why invalid"}
 # " A", " B": one side of a comparison; " Δ%": B relative to A in percent (data.delta_table)
 _SIDES = (" A", " B", " Δ%")
 

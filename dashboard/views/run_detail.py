@@ -44,7 +44,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
             st.json(meta["tags"])
 
     st.subheader("Per-level results")
-    levels = data.per_run_levels(cache.points(url, (int(run_id),)))
+    levels = data.per_run_levels(cache.points(url, (int(run_id),), include_invalid=True))
     table = data.level_table(levels)
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")

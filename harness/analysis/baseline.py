@@ -157,11 +157,14 @@ def _auto(store, head: dict, same_fp: list[dict], opts: BaselineOptions) -> tupl
             notes.append(f"{commit[:10]} is on {opts.default_branch}; using its history")
         if opts.mode == "merge-base":
             return [], "; ".join(notes) or "no merge-base baseline"
-    earlier = [r for r in same_fp if r.get("branch") == opts.default_branch and _start(r) < _start(head)
-               and r.get("commit") != commit]
+    # the commit's own earlier runs count too: repeated runs of one commit measure run-to-run noise
+    earlier = [r for r in same_fp if (r.get("branch") == opts.default_branch or (commit and r.get("commit") == commit))
+               and _start(r) < _start(head)]
     if earlier:
         base = sorted(earlier, key=_start)[-opts.baseline_runs:]
-        notes.append(f"latest {len(base)} {opts.default_branch} run(s) of the same configuration: {_ids(base)}")
+        which = opts.default_branch if all(r.get("branch") == opts.default_branch for r in base) else \
+            f"{opts.default_branch} or same-commit"
+        notes.append(f"latest {len(base)} {which} run(s) of the same configuration: {_ids(base)}")
         return base, "; ".join(notes)
     main_any = [r for r in store.list_runs(branch=opts.default_branch) if usable(r) and r["id"] != head["id"]]
     if main_any:

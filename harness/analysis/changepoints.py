@@ -179,6 +179,8 @@ def history_change_points(points, metrics: tuple[str, ...] | None = None, window
             raise ValueError(f"no metric column {', '.join(map(repr, unknown))} in the history "
                              f"(e.g. {', '.join(default_metrics())})")
     cols = [c for c in (metrics or default_metrics()) if c in points.columns]
+    if "valid" in points.columns:  # invalid levels are kept in the store but never scanned
+        points = points[points["valid"].fillna(False).astype(bool)]
     if len(points) == 0 or not cols:
         return []
     keys = ["run_id", "concurrency"]

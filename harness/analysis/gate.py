@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from k2bench.harness.analysis import baseline as bl
-from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, per_run
+from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, counted, per_run
 from k2bench.harness.eval.gate import judge
 
 
@@ -19,6 +19,7 @@ class GateOutput:
 
 
 def _plot_points(points: pd.DataFrame) -> list[tuple[float, float, int]]:
+    points = counted(points)
     if len(points) == 0:
         return []
     pr = per_run(points)

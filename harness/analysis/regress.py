@@ -77,7 +77,7 @@ class Verdict:
     mw_p: float | None = None
     mw_source: str | None = None  # "trials" or "requests"
     significant: bool | None = None  # None: no test applied
-    status: str = "unchanged"  # regression | improvement | noise | unconfirmed | unchanged | missing
+    status: str = "unchanged"  # regression | improvement | noise | unconfirmed | unchanged | missing | invalid
 
 
 @dataclass
@@ -132,6 +132,26 @@ def _clean(obj):
     return obj
 
 
+def counted(points: pd.DataFrame) -> pd.DataFrame:
+    """The levels that count: invalid ones are kept in the store but never compared or scanned."""
+    if "valid" not in points.columns:
+        return points
+    return points[points["valid"].fillna(False).astype(bool)]
+
+
+def _invalid_levels(cand: pd.DataFrame) -> dict[int, str]:
+    """Candidate concurrencies with no valid trial, and why (the first reason stored)."""
+    if "valid" not in cand.columns or len(cand) == 0:
+        return {}
+    ok = cand["valid"].fillna(False).astype(bool)
+    good = set(cand.loc[ok, "concurrency"])
+    out = {}
+    for row in cand[~ok].itertuples():
+        if row.concurrency not in good and int(row.concurrency) not in out:
+            out[int(row.concurrency)] = getattr(row, "invalid_reason", None) or "no reason stored"
+    return out
+
+
 def per_run(points: pd.DataFrame) -> pd.DataFrame:
     """One row per (run_id, concurrency): trials reduced as everywhere (catalogue.over_trials)."""
     return over_trials(points, [m.column for m in METRICS])
@@ -178,6 +198,8 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
     base_runs = sorted(int(r) for r in base["run_id"].unique())
     hist = history if history is not None else base.iloc[0:0]
     hist = hist[~hist["run_id"].isin(cand_runs)]
+    invalid = _invalid_levels(cand)
+    cand, base, hist = counted(cand), counted(base), counted(hist)
     hist_runs = sorted(int(r) for r in hist["run_id"].unique())
     c_run, b_run, h_run = per_run(cand), per_run(base), per_run(hist) if len(hist) else None
     notes = []
@@ -186,6 +208,11 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
         if only:
             notes.append(f"concurrency {', '.join(map(str, sorted(only)))} only in the {side}; not compared")
     verdicts = []
+    for conc, reason in sorted(invalid.items()):
+        notes.append(f"concurrency {conc}: the candidate's level is invalid ({reason}); reported as invalid, "
+                     f"never as a regression or an improvement")
+        verdicts += [Verdict(m.column, m.label, conc, m.higher_is_better, math.nan, math.nan, math.nan, math.nan,
+                             cfg.threshold_for(m.column), status="invalid") for m in METRICS]
     for conc in sorted(c_levels & b_levels):
         for m in METRICS:
             if m.column not in cand.columns or m.column not in base.columns:
@@ -196,6 +223,13 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
     statuses = {v.status for v in verdicts} | ({fv.status} if fv else set())
     overall = ("regression" if "regression" in statuses else
                "improvement" if "improvement" in statuses else "unchanged")
+    unconfirmed = sum(1 for v in verdicts if v.status == "unconfirmed") + (fv is not None and fv.status == "unconfirmed")
+    if unconfirmed:
+        k = next(k for k in range(2, 64) if stats.min_mann_whitney_p(k, k) < cfg.alpha)
+        notes.append(f"{unconfirmed} change(s) unconfirmed (shown, never failing the gate): the requests of one run "
+                     f"share its machine state, so they cannot confirm a change between runs; to confirm, sweep "
+                     f"both sides with --trials {k} (or more), or keep at least {cfg.min_history} comparable "
+                     f"baseline runs")
     return RegressResult(candidate_runs=cand_runs, baseline_runs=base_runs, history_runs=hist_runs,
                          verdicts=verdicts, frontier=fv, overall=overall, notes=notes)
 
@@ -241,7 +275,10 @@ def decide(m: Metric, conc: int, b_vals: np.ndarray, c_vals: np.ndarray, h_vals:
         rank, v.mw_source = stats.mann_whitney(b_samples, c_samples, alternative), "requests"
     if rank is not None:
         v.mw_p = rank.p_value
-        tests.append(rank.p_value)
+        # One run's requests share its machine state (load, clocks, thermals): they are not independent
+        # evidence of a change between runs. They confirm only beside a noise history of enough runs.
+        if v.mw_source == "trials" or v.noise_p is not None:
+            tests.append(rank.p_value)
     else:
         v.mw_source = None
     v.significant = all(p < cfg.alpha for p in tests) if tests else None

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("show", help="one run: metadata and its per-level table")
     s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
+    s.add_argument("--repro", action="store_true",
+                   help="print a shell sequence that re-runs the measurement (commands, environment, versions)")
     add_db_arg(s)
     s.set_defaults(handler=_show)
 
@@ -48,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "tools' result files are mapped to runs (one per configuration, a level per "
                                    "file); figures a tool does not report are stored as missing.")
     i.add_argument("files", nargs="+", metavar="FILE")
+    i.add_argument("--allow-duplicate", action="store_true",
+                   help="store a file whose run is already stored (default: refused, since a copy would shrink "
+                        "the gate's noise estimate)")
     add_db_arg(i)
     other = i.add_argument_group("other tools' results (--from)")
     other.add_argument("--from", dest="source", choices=("vllm", "inferencex", "aiperf"),
@@ -85,6 +90,9 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         table.add_column(name, justify="right")
     if mismatches:
         table.add_column("OSL mismatch", justify="right")
+    marked = any(p.get("valid") is False for p in points)
+    if marked:
+        table.add_column("valid")
     for p in points:
         flat = schema.to_columns(schema.POINT, p)
         row = [str(p["concurrency"])]
@@ -96,7 +104,9 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
-        table.add_row(*row)
+        if marked:
+            row.append("yes" if p.get("valid") is not False else "INVALID")
+        table.add_row(*row, style="dim" if p.get("valid") is False else None)
     return table
 
 
@@ -124,7 +134,8 @@ def _runs(args) -> int:
         table.add_column(name, justify="right" if name in ("id", "levels") else "left")
     for r in runs:
         table.add_row(str(r["id"]), _date(r["started_at"]), (r["commit"] or "-")[:10], r["engine"], r["model"],
-                      r["workload"] or "-", r["effective_status"], str(r["levels"]))
+                      r["workload"] or "-", r["effective_status"],
+                      str(r["levels"]) + (f" ({r['invalid_levels']} invalid)" if r.get("invalid_levels") else ""))
     console.print(table)
     return 0
 
@@ -143,6 +154,11 @@ def _show(args) -> int:
     with _open(args) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
+    if args.repro:
+        from k2bench.harness.repro import script
+
+        print(script(run, len(doc["points"])), end="")
+        return 0
     console = table_console()
     lines = [("run", str(run["id"])), ("status", _status_text(run))]
     for key in (s.name for s in schema.RUN if s.name not in ("id", "status")):
@@ -157,8 +173,11 @@ def _show(args) -> int:
         console.print(points_table(doc["points"]))
         trials = len({p["trial"] for p in doc["points"]}) > 1
         for p in doc["points"]:
+            where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")
+            if p.get("valid") is False:
+                console.print(f"{where}: invalid (left out of frontiers, the gate and change points): "
+                              f"{p.get('invalid_reason') or 'no reason stored'}", highlight=False, markup=False)
             if p["errors"]:
-                where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")
                 console.print(f"{where}: first errors: " + "; ".join(p["errors"]), highlight=False, markup=False)
     else:
         console.print("no finished levels")
@@ -192,6 +211,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
+    from k2bench.errors import UserError
     from k2bench.harness.runjson import load_doc
 
     if args.source:
@@ -205,7 +225,32 @@ def _import(args) -> int:
     else:
         docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
     with _open(args) as store:
+        if not args.allow_duplicate:
+            for path, doc in docs:
+                copy = _stored_copy(store, doc)
+                if copy is not None:
+                    raise UserError(f"{path}: this run is already stored as run {copy} (same start, levels and "
+                                    f"numbers); a copy would count twice in the gate's noise estimate. Nothing was "
+                                    f"imported; pass --allow-duplicate to store it anyway")
         for path, doc in docs:
             run_id = store.import_run(doc)
             print(f"imported {path} as run {run_id} ({_levels(doc)})")
     return 0
+
+
+def _stored_copy(store, doc: dict) -> int | None:
+    """The id of a stored run with the same content as ``doc`` (its start time, configuration and every
+    level's numbers), if there is one."""
+    import json
+
+    def key(run: dict, points: list[dict]) -> str:
+        fields = {k: run.get(k) for k in ("started_at", "commit", "engine", "model", "hardware", "workload")}
+        return json.dumps([fields, points], sort_keys=True, default=str)
+
+    want = key(doc["run"], doc["points"])
+    for run in store.list_runs():
+        if run["started_at"] == doc["run"]["started_at"]:
+            stored = store.export_run(run["id"])
+            if key(stored["run"], stored["points"]) == want:
+                return run["id"]
+    return None

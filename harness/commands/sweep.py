@@ -9,21 +9,30 @@ import argparse
 import math
 import os
 import re
+import textwrap
 
 from k2bench.errors import UserError
-from k2bench.harness.commands.common import add_db_arg, table_console
+from k2bench.harness.commands.common import add_db_arg
 
 MAX_CONCURRENCY = 1 << 16
+DEFAULT_CONC = "4..128"
 
 DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny generated MXFP4 model "
                  "on this machine (TP 1).")
 
 
+def exit_code_table() -> str:
+    from k2bench.harness.sweep import EXIT_CODES
+
+    return "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", help="benchmark a server over concurrency levels and store the run",
-        description="Closed-loop sweep over concurrency levels; each finished level is stored at once. "
-                    + DEFAULTS_NOTE,
+        description=textwrap.fill("Closed-loop sweep over concurrency levels; each finished level is stored at "
+                                  "once. " + DEFAULTS_NOTE, width=100),  # the raw formatter keeps the epilog's table
+        epilog=exit_code_table(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     target = p.add_argument_group("server (attach with --url, or launch with --engine)")
     target.add_argument("--url", help="attach to a running OpenAI-compatible server, e.g. http://host:8000")
@@ -45,14 +54,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "(default: from --isl/--osl, else 8k1k)")
     load.add_argument("--isl", type=int, help="input tokens per request (overrides the workload)")
     load.add_argument("--osl", type=int, help="output tokens per request (overrides the workload)")
-    load.add_argument("--conc", default="4..128",
-                      help="levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (default 4..128)")
+    load.add_argument("--conc", default=None,
+                      help=f"levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (default {DEFAULT_CONC})")
     load.add_argument("--num-prompts", default=None, metavar="N|Kx",
                       help="measured requests per level: a count, or Kx for K x the level's concurrency (default 10x)")
     load.add_argument("--warmup", default=None, metavar="N|Kx",
                       help="warmup requests per level: a count, or Kx (default 2x)")
     load.add_argument("--trials", type=int, default=1, help="repeat each level K times (stored as trial 0..K-1)")
     load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout (default 1800)")
+    load.add_argument("--level-timeout", type=float, default=None, metavar="S",
+                      help="bound on a whole level, warmup included; a level that runs longer is stopped and "
+                           "stored invalid (default: none)")
+    valid = p.add_argument_group("validity (an invalid level is kept, but left out of frontiers and the gate)")
+    valid.add_argument("--max-failure-rate", type=float, default=0.0, metavar="R",
+                       help="fraction of a level's requests that may fail with the level still valid (default 0)")
+    valid.add_argument("--allow-osl-mismatch", action="store_true",
+                       help="keep a level valid when outputs differ from the requested length (default: invalid)")
     acc = p.add_argument_group("accuracy (lm-evaluation-harness, after the levels, on the same server)")
     acc.add_argument("--eval", action="append", default=[], metavar="TASK[@CONC]",
                      help="evaluate TASK (k2bench eval --list) with CONC requests in flight (default: the "
@@ -151,6 +168,7 @@ def parse_tags(items: list[str] | None) -> dict[str, str]:
 
 def _config(args: argparse.Namespace):
     from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.validity import ValidityRules
     from k2bench.workloads import loader
 
     for name in ("isl", "osl"):
@@ -160,7 +178,8 @@ def _config(args: argparse.Namespace):
     num_prompts, num_prompts_x = parse_count(args.num_prompts, "--num-prompts")
     warmup, warmup_x = parse_count(args.warmup, "--warmup")
     return SweepConfig(
-        levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
+        levels=parse_concurrency(args.conc or DEFAULT_CONC),
+        workload=loader.resolve(args.workload, args.isl, args.osl),
         url=args.url, engine=args.engine, server_cmd=args.server_cmd, model=args.model, tp=args.tp,
         num_prompts=num_prompts,
         num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x, trials=args.trials, db=args.db,
@@ -169,52 +188,37 @@ def _config(args: argparse.Namespace):
         server_args=args.server_args, precision=args.precision, hardware=args.hardware,
         ready_timeout_s=args.ready_timeout, notes=args.notes,
         api_key=args.api_key or os.environ.get("K2BENCH_API_KEY") or None,
+        rules=ValidityRules(max_failure_rate=args.max_failure_rate, allow_osl_mismatch=args.allow_osl_mismatch),
+        level_timeout_s=args.level_timeout, command_line=getattr(args, "argv", None),
         evals=parse_evals(args.eval), eval_data=args.eval_data, eval_limit=args.eval_limit,
     )
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _is_bare(args: argparse.Namespace) -> bool:
+    """No server, workload, lengths or levels given: the design card's full sweep on this machine."""
+    return not any((args.url, args.engine, args.model, args.workload, args.isl, args.osl, args.conc))
 
-    from k2bench.harness.commands.runs import points_table
+
+def _sweep(args: argparse.Namespace) -> int:
+    from k2bench.harness import estimate
+    from k2bench.harness.commands.sweep_output import SweepDisplay, report
     from k2bench.harness.sweep import LevelEvents, run_sweep
 
     cfg = _config(args)
-    console = Console(stderr=True)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, refresh_per_second=4)
-
-    def level_start(conc: int, trial: int, total: int):
-        label = f"conc {conc}" + (f" trial {trial}" if cfg.trials > 1 else "")
-        task = progress.add_task(label, total=total)
-        failures = [0]
-
-        def done(rec) -> None:
-            if not rec.success:
-                failures[0] += 1
-                progress.update(task, description=f"{label} [red]{failures[0]} failed[/red]")
-            progress.advance(task)
-
-        return done
-
-    events = LevelEvents(level_start=level_start, message=lambda text: console.print(f"[dim]{text}[/dim]"))
-    with progress:
+    with SweepDisplay(cfg) as display:
+        if _is_bare(args):
+            display.say(f"no --conc, --isl/--osl or server given: this is the design card's full sweep "
+                        f"({cfg.workload.name}, concurrency {','.join(map(str, cfg.levels))}) on the bundled engine "
+                        f"here, which takes hours on a CPU.\n  a sweep that finishes in minutes: "
+                        f"{estimate.QUICK_SWEEP}\n  the full sweep on a GPU: {estimate.FULL_ON_GPU}")
+        events = LevelEvents(level_start=display.level_start, level_done=display.level_done, message=display.say)
         result = run_sweep(cfg, events)
-    title = (f"run {result.run_id} ({result.status}): {result.meta.get('engine')} {result.meta.get('model')}, "
-             f"{result.meta.get('workload')}, {result.meta.get('num_gpus')} GPU(s)")
-    table_console().print(points_table(result.points, title))
-    if cfg.evals:
+    report(result, cfg, args.db)
+    if cfg.evals and result.run_id is not None:
         from k2bench.harness.commands.runs import eval_line
         from k2bench.harness.store import Store
 
         with Store.open(cfg.db, readonly=True) as store:
             for ev in store.get_evals(result.run_id):
-                table_console().print(eval_line(ev), highlight=False, markup=False)
-    if cfg.json_path:
-        console.print(f"wrote {cfg.json_path}")
-    bad = sum(p["failed"] for p in result.points)
-    if bad:
-        first = next((e for p in result.points for e in p.get("errors") or []), "")
-        console.print(f"[yellow]{bad} request(s) failed; first error: {first}[/yellow]")
-    return 0
+                print(eval_line(ev))
+    return result.exit_code

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import numpy as np
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,6 +29,7 @@ from k2bench.harness.store.liveness import current_writer, writer_alive
 from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run
 
 RUN_FIELD_NAMES = frozenset(s.name for s in schema.RUN)
+_INVALID = func.sum(case((Point.valid.is_(False), 1), else_=0))  # a run's levels that do not count
 RUN_FILTERS = ("engine", "model", "hardware", "branch", "commit", "fingerprint", "status", "workload", "limit")
 
 
@@ -246,8 +247,9 @@ class Store(FramesMixin, CulpritsMixin):
         """The run's metadata (the "run" object of the JSON) plus levels and effective_status."""
         with self._read() as s:
             run = self._require_run(s, run_id)
-            levels = s.execute(select(func.count()).select_from(Point).where(Point.run_id == run.id)).scalar()
-            return _run_dict(run, levels)
+            levels, invalid = s.execute(select(func.count(), _INVALID).select_from(Point)
+                                        .where(Point.run_id == run.id)).one()
+            return _run_dict(run, levels, invalid or 0)
 
     def list_runs(self, **filters) -> list[dict]:
         """Runs newest first. Filters: engine, model, hardware, branch, commit (prefix), fingerprint,
@@ -255,13 +257,15 @@ class Store(FramesMixin, CulpritsMixin):
         unknown = set(filters) - set(RUN_FILTERS)
         if unknown:
             raise UserError(f"list_runs: unknown filter {sorted(unknown)[0]!r} (known: {', '.join(RUN_FILTERS)})")
-        levels = (select(Point.run_id, func.count().label("n")).group_by(Point.run_id)).subquery()
-        q = select(Run, func.coalesce(levels.c.n, 0)).outerjoin(levels, levels.c.run_id == Run.id)
+        levels = (select(Point.run_id, func.count().label("n"), _INVALID.label("bad"))
+                  .group_by(Point.run_id)).subquery()
+        q = (select(Run, func.coalesce(levels.c.n, 0), func.coalesce(levels.c.bad, 0))
+             .outerjoin(levels, levels.c.run_id == Run.id))
         q = _apply_run_filters(q, filters).order_by(Run.started_at.desc(), Run.id.desc())
         if filters.get("limit"):
             q = q.limit(int(filters["limit"]))
         with self._read() as s:
-            return [_run_dict(run, n) for run, n in s.execute(q).all()]
+            return [_run_dict(run, n, bad) for run, n, bad in s.execute(q).all()]
 
     def export_run(self, run_id: int, include_requests: bool = False) -> dict:
         """The run as a k2bench.run document (points ordered by concurrency, trial)."""
@@ -329,9 +333,10 @@ def _apply_run_filters(q, filters: dict):
     return q
 
 
-def _run_dict(run: Run, levels: int) -> dict:
+def _run_dict(run: Run, levels: int, invalid: int = 0) -> dict:
     out: dict = {"id": run.id, **schema.from_columns(schema.RUN, run)}
     out["levels"] = levels
+    out["invalid_levels"] = int(invalid)
     out["effective_status"] = effective_status(run)
     return out
 

@@ -5,7 +5,9 @@ controllable test server, and bench.sh, which starts that server and runs a real
 against it. main has 4 ms per token; the feature branch raises it to 8 ms (a sleep injected in the
 decode loop, as far as the benchmark can tell). The PR script must sweep the head, sweep the
 merge-base (no run there yet), write the comment, create it through `gh` (a fake on PATH that logs
-its calls) and exit 1; posting again updates that one comment.
+its calls) and exit 1; posting again updates that one comment. With one run on each side, the
+requests of a run cannot confirm a change (they share its machine state), so bench.sh sweeps with
+--trials 5: the rank test on trials confirms it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ for _ in range(200):
     except OSError:
         time.sleep(0.05)
 PY
-k2bench sweep --url "http://127.0.0.1:$PORT" --isl 32 --osl 12 --conc 2,4 --num-prompts 24 --warmup 2 "$@"
+k2bench sweep --url "http://127.0.0.1:$PORT" --isl 32 --osl 12 --conc 2,4 --num-prompts 8 --warmup 2 --trials 5 "$@"
 """
 
 FAKE_GH = r"""#!/usr/bin/env bash
@@ -95,7 +97,7 @@ def test_pr_script_comments_and_fails_on_an_injected_slowdown(tmp_path):
     assert "❌ **Regression**" in comment.splitlines()[3]
     assert f"`{head_sha[:10]}`" in comment and f"`{base_sha[:10]}`" in comment
     assert f"merge-base {base_sha[:10]} of main" in comment
-    assert "E2EL p50" in comment and "(requests)" in comment
+    assert "E2EL p50" in comment and "(trials)" in comment
     assert (out / "comment.png").read_bytes()[:4] == b"\x89PNG"
     verdict = json.loads((out / "regress.json").read_text())
     assert verdict["overall"] == "regression"

@@ -110,3 +110,13 @@ def test_serve_help_shows_every_default_and_choice_without_torch() -> None:
     for action in sub.choices["serve"]._actions:
         if action.option_strings and action.option_strings[0] not in ("-h", "--model"):
             assert action.help and "default" in action.help, action.option_strings
+
+
+def test_sweep_help_lists_the_exit_codes(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--help"])
+    out = capsys.readouterr().out
+    table = out[out.index("exit codes:"):]
+    for code, meaning in ((0, "every level valid"), (1, "some level invalid"), (2, "bad input"),
+                          (3, "server problem"), (130, "interrupted")):
+        assert re.search(rf"^  {code} +{meaning}", table, re.MULTILINE), code
