@@ -60,6 +60,9 @@ class SweepConfig:
     rules: ValidityRules = field(default_factory=ValidityRules)
     level_timeout_s: float | None = None  # bounds a whole level, warmup included
     command_line: list[str] | None = None  # the k2bench arguments, for the reproducible record
+    evals: list[tuple[str, int | None]] = field(default_factory=list)  # (task, concurrency or None: highest level)
+    eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
+    eval_limit: int | None = None  # only the first N items of each evaluation
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -159,6 +162,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def _evaluate(cfg: SweepConfig, store, run_id: int, url: str, model: str, task: str, conc: int,
+              say: Callable[[str], None]) -> None:
+    """Accuracy on the same server after the levels (lm-eval, imported only when asked for)."""
+    from k2bench.harness.eval.runner import run_eval
+
+    say(f"eval {task} at concurrency {conc}")
+    res = run_eval(url, task, limit=cfg.eval_limit, concurrency=conc, data=cfg.eval_data, model=model)
+    store.add_eval(run_id, {"task": res.task, "metric": res.metric, "value": res.value, "stderr": res.stderr,
+                            "n": res.n, "concurrency": conc, "items": res.items})
+    say(f"eval {task}: {res.metric} {res.value:.4f} (n={res.n})")
+
+
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
     a sweep that measured nothing leaves nothing behind."""
@@ -223,6 +238,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     result.exit_code = EXIT_SERVER
                     result.problem = f"concurrency {conc}: {watch.stopped}"
                     break
+            if result.run_id is not None and result.exit_code == EXIT_OK:
+                for task, conc in cfg.evals:
+                    _evaluate(cfg, store, result.run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
         if result.exit_code == EXIT_OK:
             result.status = "complete"
             if result.unmeasured or any(not p["valid"] for p in result.points):

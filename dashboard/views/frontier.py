@@ -74,5 +74,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.caption(note)
     cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
     table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
+    if "run_id" in table.columns:  # each frontier point's run: its accuracy, marked against the threshold
+        ids = tuple(sorted(int(i) for i in table["run_id"].dropna().unique()))
+        models = {int(r): m for r, m in selected[["run_id", "model"]].drop_duplicates().itertuples(index=False)}
+        table = data.with_accuracy(table, data.accuracy_badges(cache.evals(url, ids), models))
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="frontier_table")
     csv_download(table, "frontier", key="frontier_csv")

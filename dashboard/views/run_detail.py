@@ -49,6 +49,14 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
 
+    evals = cache.evals(url, (int(run_id),)).get(int(run_id), [])
+    if evals:
+        st.subheader("Accuracy")
+        badge = data.accuracy_badges({int(run_id): evals}, {int(run_id): str(meta.get("model") or "")})
+        st.caption(badge[int(run_id)])
+        st.dataframe(pd.DataFrame([{k: e[k] for k in ("task", "metric", "value", "stderr", "n", "concurrency")}
+                                   for e in evals]), hide_index=True, key="detail_evals")
+
     st.subheader("Per-request distributions")
     concs = [int(c) for c in table["concurrency"]]
     conc = st.selectbox("Concurrency", concs, index=len(concs) - 1, key="detail_conc")

@@ -103,6 +103,7 @@ class RegressResult:
     notes: list[str] = field(default_factory=list)
     candidate_meta: dict = field(default_factory=dict)
     baseline_meta: dict = field(default_factory=dict)
+    accuracy: list[dict] = field(default_factory=list)  # k2bench.harness.eval.gate.AccuracyVerdict as dicts
 
     @property
     def regressions(self) -> list[Verdict]:
