@@ -303,11 +303,14 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
 
 
 async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
-                    on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+                    on_done: Callable[[RequestRecord], None] | None = None,
+                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None) -> list[RequestRecord]:
     """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
 
     Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
     Prompts are used in order and reused cyclically if there are fewer than requests.
+    ``on_window`` (start, end) brackets the measured requests: start runs once every warmup request
+    has finished, end once every measured one has (telemetry windows; both are blocking calls, run in a worker thread).
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -328,7 +331,13 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done)
                 if not any(r.success for _, r in warm):
                     raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
-            await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done)
+            if on_window is not None:
+                await asyncio.to_thread(on_window[0])  # off the loop: a server in this process still answers
+            try:
+                await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done)
+            finally:
+                if on_window is not None:
+                    await asyncio.to_thread(on_window[1])
     finally:
         gc.enable()
     return [rec for _, rec in work]

@@ -58,6 +58,10 @@ class GpuSampler:
         self._thread = threading.Thread(target=self._run, name="k2bench-gpu-sampler", daemon=True)
         self._thread.start()
 
+    @property
+    def is_open(self) -> bool:
+        return self._thread is not None
+
     def end(self) -> Window:
         if self._thread is None or self._window is None:
             raise RuntimeError("no window is open")

@@ -8,10 +8,11 @@ import threading
 from itertools import pairwise
 
 import pytest
+from telemetry_fakes import FakeSource
 
 from k2bench.errors import UserError
 from k2bench.harness.telemetry import gpu
-from k2bench.harness.telemetry.gpu import DeviceError, Reading, select_gpu_ids
+from k2bench.harness.telemetry.gpu import Reading, select_gpu_ids
 from k2bench.harness.telemetry.power import GpuSampler, Window, summarize
 
 
@@ -70,31 +71,6 @@ def test_a_gpu_missing_from_samples_or_too_few_samples_is_not_valid():
     assert e["power_valid"] is False and "GPU 1 missing from 1 of 8 samples" in e["reason"]
     short = summarize(window([good[:3]]), total_tokens=10, output_tokens=5)
     assert short["power_valid"] is False and "3 samples (fewer than 5)" in short["reason"]
-
-
-class FakeSource:
-    """A device source whose counter advances a fixed step per read; read number `fail_at` raises."""
-
-    vendor = "fake"
-
-    def __init__(self, n: int = 2, fail_at: int | None = None, reads_wanted: int = 6):
-        self.ids, self.names = [str(i) for i in range(n)], ["Fake"] * n
-        self.reads = [0] * n
-        self.fail_at, self.closed = fail_at, False
-        self.enough = threading.Event()
-        self.reads_wanted = reads_wanted
-
-    def read(self, index: int) -> Reading:
-        self.reads[index] += 1
-        k = self.reads[index]
-        if min(self.reads) >= self.reads_wanted:
-            self.enough.set()
-        if index == 1 and k == self.fail_at:
-            raise DeviceError("GPU 1: fell off the bus")
-        return Reading(power_w=250.0, energy_j=7.0 * k, sm_clock_mhz=1500.0)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def test_the_sampler_thread_brackets_the_window_and_records_every_read():
