@@ -11,6 +11,7 @@ written Prometheus-style. Histograms and summaries contribute their ``_count`` a
 from __future__ import annotations
 
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -76,8 +77,9 @@ def scrape(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> Scra
     return parse(text)
 
 
-def summarize(first: Scrape, last: Scrape, middle: list[Scrape]) -> dict:
-    """Counters as deltas over the window; gauges as mean and max over every scrape that had them."""
+def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[float] | None = None) -> dict:
+    """Counters as deltas over the window; gauges as mean and max over every scrape that had them,
+    and, given the scrapes' times, each gauge's series (the run page's KV-usage and queue timelines)."""
     counters: dict[str, float] = {}
     reset: list[str] = []
     for key, (kind, end) in sorted(last.items()):
@@ -95,6 +97,10 @@ def summarize(first: Scrape, last: Scrape, middle: list[Scrape]) -> dict:
                 series.setdefault(key, []).append(value)
     gauges = {k: {"mean": _clean(sum(v) / len(v)), "max": _clean(max(v))} for k, v in sorted(series.items())}
     out: dict = {"counters": counters, "gauges": gauges, "scrapes": 2 + len(middle)}
+    if times is not None and len(times) == out["scrapes"]:
+        scrapes = (first, *middle, last)
+        out["raw"] = {"t_s": [round(t - times[0], 3) for t in times],
+                      "gauges": {k: [sc[k][1] if k in sc else None for sc in scrapes] for k in series}}
     if reset:
         out["note"] = f"counter(s) went backwards during the window (server restarted?): {', '.join(reset)}"
     return out
@@ -111,6 +117,7 @@ class ServerMetricsWindow:
         self.note: str | None = None  # set once when the server has no usable /metrics
         self._first: Scrape | None = None
         self._middle: list[Scrape] = []
+        self._times: list[float] = []  # monotonic time of each kept scrape
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -127,7 +134,7 @@ class ServerMetricsWindow:
         except ScrapeError as exc:
             self.note = f"server metrics off: {exc}"
             return False
-        self._middle = []
+        self._middle, self._times = [], [time.monotonic()]
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="k2bench-metrics-scraper", daemon=True)
         self._thread.start()
@@ -136,9 +143,11 @@ class ServerMetricsWindow:
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                self._middle.append(self._scrape(self.url))
+                scraped = self._scrape(self.url)
             except ScrapeError:
                 continue  # a missed gauge sample; the window's ends decide the counters
+            self._middle.append(scraped)
+            self._times.append(time.monotonic())
 
     def end(self) -> dict | None:
         """The window's counters and gauges; None when no window is open or the closing scrape failed."""
@@ -152,7 +161,7 @@ class ServerMetricsWindow:
         except ScrapeError as exc:
             return {"counters": {}, "gauges": {}, "scrapes": 1 + len(self._middle),
                     "note": f"the closing scrape failed: {exc}"}
-        return summarize(self._first, last, self._middle)
+        return summarize(self._first, last, self._middle, [*self._times, time.monotonic()])
 
 
 def _clean(value: float) -> float | int:

@@ -53,14 +53,18 @@ def test_a_window_over_a_real_prometheus_endpoint(endpoint):
     g = out["gauges"]["vllm:kv_cache_usage_perc"]
     assert g["max"] == 0.75 and 0.25 <= g["mean"] <= 0.75
     assert out["scrapes"] >= 2 and "note" not in out
+    raw = out["raw"]
+    assert len(raw["t_s"]) == out["scrapes"] and raw["t_s"][0] == 0.0
+    assert raw["gauges"]["vllm:kv_cache_usage_perc"][0] == 0.25 and raw["gauges"]["vllm:kv_cache_usage_perc"][-1] == 0.75
 
 
 def test_gauges_mean_and_max_over_every_scrape_and_counter_resets():
     first = {"running": ("gauge", 0.0), "tokens_total": ("counter", 100.0), "restarts_total": ("counter", 50.0)}
     middle = [{"running": ("gauge", 4.0)}]
     last = {"running": ("gauge", 8.0), "tokens_total": ("counter", 400.0), "restarts_total": ("counter", 2.0)}
-    out = sm.summarize(first, last, middle)
+    out = sm.summarize(first, last, middle, times=[10.0, 11.0, 12.5])
     assert out["gauges"] == {"running": {"mean": 4, "max": 8}}
+    assert out["raw"] == {"t_s": [0.0, 1.0, 2.5], "gauges": {"running": [0.0, 4.0, 8.0]}}
     assert out["counters"] == {"tokens_total": 300}
     assert "restarts_total" in out["note"] and out["scrapes"] == 3
 
