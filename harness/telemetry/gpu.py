@@ -102,10 +102,27 @@ class NvmlSource:
             raise UserError(f"GPU {gpu_id} asked for, but NVML sees {count} GPU(s) (0..{count - 1})")
         return nv.nvmlDeviceGetHandleByIndex(int(gpu_id))
 
+    def _instant_power(self, h) -> float | None:
+        """Instantaneous board power (W) where the driver offers the field; nvmlDeviceGetPowerUsage
+        is a one-second average on Ampere and later, too smooth for a 10 Hz timeline."""
+        nv = self._nvml
+        try:
+            v = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
+        except (nv.NVMLError, AttributeError):
+            return None
+        if v.nvmlReturn != nv.NVML_SUCCESS:
+            return None
+        by_type = {nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+                   nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_DOUBLE: "dVal"}
+        attr = by_type.get(v.valueType)
+        return None if attr is None else float(getattr(v.value, attr)) / 1000.0  # mW
+
     def read(self, index: int) -> Reading:
         nv, h = self._nvml, self._handles[index]
         try:
-            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW
+            power = self._instant_power(h)
+            if power is None:
+                power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW
         except nv.NVMLError as exc:
             raise DeviceError(f"GPU {self.ids[index]}: {exc}") from None
 

@@ -12,7 +12,7 @@ from telemetry_fakes import FakeSource
 
 from k2bench.errors import UserError
 from k2bench.harness.telemetry import gpu
-from k2bench.harness.telemetry.gpu import Reading, select_gpu_ids
+from k2bench.harness.telemetry.gpu import DeviceError, Reading, select_gpu_ids
 from k2bench.harness.telemetry.power import GpuSampler, Window, summarize
 
 
@@ -150,3 +150,86 @@ def test_nvml_reads_a_real_gpu():
     e = summarize(w, total_tokens=1, output_tokens=1)
     assert len(w.t) >= 2 and e["energy_j"] is not None and e["energy_j"] > 0
     assert 0 < e["gpus"][0]["power_w_mean"] <= limit * 1.2
+
+
+class _FakeNvml:
+    """Just enough of pynvml's surface (names, constants, units as NVML documents them: mW, mJ, bytes)."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU, NVML_SUCCESS = 1, 2, 0, 0
+    NVML_FI_DEV_POWER_INSTANT = 186
+    NVML_VALUE_TYPE_DOUBLE, NVML_VALUE_TYPE_UNSIGNED_INT = 0, 1
+    NVML_VALUE_TYPE_UNSIGNED_LONG, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 2, 3
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, instant: bool):
+        self.instant, self.gone, self.shut = instant, set(), False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return f"h{i}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return "h1" if uuid == "GPU-b" else self._fail()
+
+    def _fail(self):
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        from types import SimpleNamespace
+
+        ok = self.instant and h not in self.gone
+        return [SimpleNamespace(nvmlReturn=0 if ok else 3, valueType=1, value=SimpleNamespace(uiVal=412_500))]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 398_000 if h not in self.gone else self._fail()
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return 123_456_789
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980 if kind == self.NVML_CLOCK_SM else 3201
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 47
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(gpu=93, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(used=96 * (1 << 30), total=141 * (1 << 30))
+
+
+@pytest.mark.parametrize("instant", [True, False])
+def test_the_nvml_binding_converts_units_and_names_a_lost_gpu(monkeypatch, instant):
+    fake = _FakeNvml(instant)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    source, note = gpu.open_source(["0", "GPU-b"])
+    assert note is None and source.vendor == "nvidia" and source.names == ["NVIDIA H200", "NVIDIA H200"]
+    r = source.read(1)
+    assert r.power_w == (412.5 if instant else 398.0)  # the instantaneous field when offered, else the average
+    assert (r.energy_j, r.sm_clock_mhz, r.mem_clock_mhz, r.temp_c, r.util_pct, r.mem_used_mib) == (
+        123_456.789, 1980.0, 3201.0, 47.0, 93.0, 96 * 1024.0)
+    fake.gone.add("h1")
+    with pytest.raises(DeviceError, match="GPU GPU-b"):
+        source.read(1)
+    source.close()
+    assert fake.shut
+    with pytest.raises(UserError, match="NVML sees 2 GPU"):
+        gpu.open_source(["5"])
