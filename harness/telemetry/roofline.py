@@ -154,13 +154,11 @@ def limit(sizes: dict[str, int], cfg: dict, hw: Hardware, *, tp: int, batch: int
 
 
 def curve(sizes: dict[str, int], cfg: dict, hw: Hardware, *, tp: int, isl: int, osl: int, max_batch: int = 1024,
-          kv_bytes: int = 2, num_gpus: int | None = None) -> list[dict]:
-    """Roofline points at batch 1, 2, 4, ... max_batch (the frontier's limit line)."""
-    out, b = [], 1
-    while b <= max_batch:
-        out.append(limit(sizes, cfg, hw, tp=tp, batch=b, isl=isl, osl=osl, kv_bytes=kv_bytes, num_gpus=num_gpus))
-        b *= 2
-    return out
+          kv_bytes: int = 2, num_gpus: int | None = None, extra: tuple[int, ...] = ()) -> list[dict]:
+    """Roofline points at batch 1, 2, 4, ... max_batch and at the `extra` batches (a sweep's levels)."""
+    batches = {1 << k for k in range(max_batch.bit_length()) if 1 << k <= max_batch} | set(extra)
+    return [limit(sizes, cfg, hw, tp=tp, batch=b, isl=isl, osl=osl, kv_bytes=kv_bytes, num_gpus=num_gpus)
+            for b in sorted(batches)]
 
 
 def share_of_limit(point: dict, bound: dict) -> dict:
@@ -169,3 +167,30 @@ def share_of_limit(point: dict, bound: dict) -> dict:
     tput = point.get("tput_per_gpu")
     return {"pct_tput": 100.0 * tput / bound["tput_per_gpu"] if tput else None,
             "pct_interactivity": 100.0 * inter / bound["interactivity"] if inter else None}
+
+
+def for_run(model_dir: Path | None, hardware_name: str | None, *, tp: int, isl: int, osl: int,
+            levels: tuple[int, ...] = (), num_gpus: int | None = None, max_batch: int = 1024, dtype: str = "bf16",
+            bandwidth_gbs: float | None = None) -> tuple[dict | None, str | None]:
+    """The run's roofline ({hardware, source, dtype, points}) or (None, why not): the sweep's entry point.
+
+    The compute peak is the dtype the model multiplies in (bf16 for weight-only quantisation such as
+    the bundled engine's W4A16 path)."""
+    if model_dir is None or not (Path(model_dir) / "config.json").is_file():
+        return None, "roofline off: no local model folder (config.json and safetensors) to size the model"
+    hw = hardware(hardware_name, dtype=dtype, bandwidth_gbs=bandwidth_gbs)
+    if hw is None:
+        return None, f"roofline off: {hardware_name!r} is not in {HARDWARE}"
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    points = curve(tensor_bytes(Path(model_dir)), cfg, hw, tp=tp, isl=isl, osl=osl,
+                   max_batch=max(max_batch, *levels, 1), num_gpus=num_gpus, extra=tuple(levels))
+    return {"hardware": hw.name, "source": hw.source, "dtype": dtype, "hbm_gbs": hw.hbm_gbs, "tflops": hw.tflops,
+            "points": points}, None
+
+
+def level_share(roof: dict | None, point: dict) -> dict | None:
+    """A level's share of the run's roofline at its concurrency (None without one or off the curve)."""
+    if not roof:
+        return None
+    bound = next((p for p in roof["points"] if p["concurrency"] == point.get("concurrency")), None)
+    return None if bound is None else share_of_limit(point, bound)

@@ -96,3 +96,21 @@ def test_configs_and_checkpoints_the_roofline_cannot_use_are_user_errors(tmp_pat
         rl.param_counts({"hidden_size": 8, "num_hidden_layers": 1})
     with pytest.raises(UserError, match="no \\*.safetensors"):
         rl.tensor_bytes(tmp_path)
+
+
+@pytest.mark.engine
+def test_a_runs_roofline_from_its_model_folder_and_hardware(tmp_path):
+    from k2bench.engine.tiny import write_tiny_checkpoint
+
+    model = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4")
+    roof, note = rl.for_run(model, "NVIDIA H200", tp=1, isl=64, osl=16, levels=(3, 12), max_batch=16)
+    assert note is None and roof["hardware"] == "H200" and roof["hbm_gbs"] == 4800.0
+    assert [p["concurrency"] for p in roof["points"]] == [1, 2, 3, 4, 8, 12, 16]
+    level = {"concurrency": 12, "tput_per_gpu": 10.0, "interactivity": {"median": 5.0}}
+    bound = roof["points"][5]
+    assert rl.level_share(roof, level) == {"pct_tput": pytest.approx(1000.0 / bound["tput_per_gpu"]),
+                                           "pct_interactivity": pytest.approx(500.0 / bound["interactivity"])}
+    assert rl.level_share(roof, {"concurrency": 5}) is None and rl.level_share(None, level) is None
+    off, why = rl.for_run(model, "cpu: AMD EPYC", tp=1, isl=64, osl=16)
+    assert off is None and "not in hardware.toml" in why
+    assert rl.for_run(None, "NVIDIA H200", tp=1, isl=64, osl=16)[1].startswith("roofline off: no local model")
