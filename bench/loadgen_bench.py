@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,17 +31,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from k2bench.harness.loadgen import LevelSpec, Prompt, event_loop_name, run, run_level
+from k2bench.harness.loadgen import LevelSpec, event_loop_name, run, run_level
+from k2bench.net import free_port
+from k2bench.workloads.prompts import Prompt
 
 # (concurrency, ttft ms, gap ms, output tokens per request)
 CASES = [(64, 200.0, 20.0, 256), (128, 200.0, 20.0, 256), (64, 200.0, 2.0, 1024), (128, 200.0, 2.0, 1024)]
 QUICK = [(64, 200.0, 20.0, 64), (128, 200.0, 20.0, 64), (64, 200.0, 2.0, 256)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_server(port: int, ttft_ms: float, itl_ms: float, core: int | None) -> subprocess.Popen:
@@ -75,7 +70,7 @@ def _proc_cpu_s(pid: int) -> float:
 
 
 def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, core: int | None) -> dict:
-    port = _free_port()
+    port = free_port()
     server = _start_server(port, ttft_ms, itl_ms, core)
     try:
         prompts = [Prompt(input_len=128, output_len=osl, token_ids=[(7 * i + j) % 30000 for j in range(128)])

@@ -1,7 +1,7 @@
 """Simulated false-positive and detection rates of the regression gate and the change-point scan.
 
-Gate: a baseline of N runs on the default branch and one candidate run, each run the mean of K
-trials; the noise history is the baseline itself (N runs) or N older runs more (2N); every trial is 1000 tok/s/GPU x (1 + Normal(0, CV)), and the
+Gate: a baseline of N runs on the default branch and one candidate run, each run the median of K
+trials (as the gate reduces trials); the noise history is the baseline itself (N runs) or N older runs more (2N); every trial is 1000 tok/s/GPU x (1 + Normal(0, CV)), and the
 candidate is (1 - step) times that. Each simulated comparison goes through the real decision code
 (k2bench.harness.analysis.regress.decide) with the default configuration; a "flag" is a verdict of
 "regression". False-positive rate = flags with step 0; detection rate = flags with the step.
@@ -37,8 +37,9 @@ def gate_rate(rng, cv: float, step: float, trials: int, n_base: int, n_hist: int
         hist_trials = 1000 * (1 + rng.normal(0, cv, (n_hist, trials)))
         base_trials = hist_trials[-n_base:]  # the baseline is the newest n_base runs of the history
         cand_trials = 1000 * (1 - step) * (1 + rng.normal(0, cv, trials))
-        b_runs, h_runs = base_trials.mean(axis=1), hist_trials.mean(axis=1)
-        v = decide(TPUT, 8, b_runs, np.array([cand_trials.mean()]), h_runs, base_trials.ravel(), cand_trials,
+        # one value per run from its trials, as the gate does (catalogue.TRIAL_AGGREGATION: the median)
+        b_runs, h_runs = np.median(base_trials, axis=1), np.median(hist_trials, axis=1)
+        v = decide(TPUT, 8, b_runs, np.array([np.median(cand_trials)]), h_runs, base_trials.ravel(), cand_trials,
                    None, None, cfg)
         flags += v.status == "regression"
     return flags / sims

@@ -5,40 +5,18 @@ benchmark share one code path; Streamlit caching wraps it only at the edges (``c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from k2bench.harness import schema
+from k2bench.harness.catalogue import BY_COLUMN, TABLE_METRICS, over_trials
+
 DB_ENV = "K2BENCH_DB"
 FIRST_RUN_COMMAND = "k2bench sweep --isl 8192 --osl 1024 --conc 4..128"
 
-
-@dataclass(frozen=True)
-class Metric:
-    column: str
-    label: str
-    higher_is_better: bool
-
-
-def _metric_catalogue() -> dict[str, Metric]:
-    out = {
-        "tput_per_gpu": Metric("tput_per_gpu", "Throughput (tok/s/GPU)", True),
-        "output_tput_per_gpu": Metric("output_tput_per_gpu", "Output throughput (tok/s/GPU)", True),
-        "input_tput_per_gpu": Metric("input_tput_per_gpu", "Input throughput (tok/s/GPU)", True),
-        "interactivity_median": Metric("interactivity_median", "Interactivity (tok/s/user)", True),
-        "interactivity_p90": Metric("interactivity_p90", "Interactivity p90 (tok/s/user)", True),
-        "interactivity_p99": Metric("interactivity_p99", "Interactivity p99 (tok/s/user)", True),
-    }
-    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2E latency"}
-    for prefix, name in names.items():
-        for stat in ("median", "mean", "p90", "p99", "p99_9"):
-            col = f"{prefix}_{stat}"
-            out[col] = Metric(col, f"{name} {stat.replace('_', '.')} (ms)", False)
-    return out
-
-
-METRICS = _metric_catalogue()
+# column -> catalogue entry (label, unit, direction) of every metric the pages can plot
+METRICS = BY_COLUMN
 FILTER_COLUMNS = ("engine", "model", "hardware", "workload", "branch")
 CONFIG_FIELDS = ("engine", "engine_version", "model", "precision", "hardware", "num_gpus", "tp", "workload")
 
@@ -79,8 +57,12 @@ def pareto_mask(x, y, maximize_x: bool = True, maximize_y: bool = True) -> np.nd
     return np.array([(float(a), float(b)) in front for a, b in zip(tx, ty, strict=True)], dtype=bool)
 
 
-RUN_COLUMNS = ["run_id", "commit", "branch", "engine", "engine_version", "model", "precision", "hardware",
-               "num_gpus", "tp", "workload", "fingerprint", "started_at", "status", "levels"]
+RUN_COLUMNS = ["run_id", *schema.RUN_SUMMARY_FIELDS, "levels"]
+_TIME_FIELDS = [s.name for s in schema.RUN if s.base == "time"]
+# The run page: metadata rows, then one row per level with these columns.
+META_FIELDS = list(schema.RUN_SUMMARY_FIELDS)
+LEVEL_COLUMNS = ["concurrency", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
+                 *(m.column for m in TABLE_METRICS)]
 
 
 def load_runs(store) -> pd.DataFrame:
@@ -91,7 +73,8 @@ def load_runs(store) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "config"])
     df = df[RUN_COLUMNS].copy()
-    df["started_at"] = pd.to_datetime(df["started_at"], utc=True, format="ISO8601")
+    for name in _TIME_FIELDS:
+        df[name] = pd.to_datetime(df[name], utc=True, format="ISO8601")
     df["config"] = config_labels(df)
     return df
 
@@ -152,15 +135,21 @@ def filter_points(df: pd.DataFrame, selections: dict[str, list], date_range=None
 
 
 def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, concurrency): the median over trials of each numeric metric."""
+    """One row per (run, concurrency): each metric and per-level number reduced over trials as
+    everywhere else (catalogue.over_trials, the median); run fields taken from the first trial."""
     if df.empty:
         return df
     keys = ["run_id", "concurrency"]
-    numeric = [c for c in df.columns if c in METRICS or c in ("duration_s", "completed", "failed")]
-    agg = df.groupby(keys, sort=False)[numeric].median()
+    numeric = [c for c in df.columns if c in METRICS or c in schema.LEVEL_NUMBERS]
+    agg = over_trials(df, numeric, keys).set_index(keys)
     first_cols = [c for c in df.columns if c not in numeric and c not in keys and c != "trial"]
     first = df.groupby(keys, sort=False)[first_cols].first()
     return agg.join(first).reset_index()
+
+
+def level_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """The run page's per-level table (LEVEL_COLUMNS present in ``levels``), by concurrency."""
+    return levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
 
 
 def latest_run_per_config(df: pd.DataFrame) -> pd.DataFrame:

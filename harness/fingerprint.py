@@ -11,20 +11,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-FINGERPRINT_FIELDS = (
-    "engine",
-    "engine_version",
-    "engine_flags",
-    "model",
-    "precision",
-    "hardware",
-    "num_gpus",
-    "tp",
-    "workload",
-    "isl",
-    "osl",
-    "range_ratio",
-)
+from k2bench.harness.schema import FINGERPRINT_FIELDS  # the Run fields declared with fingerprint=True
+
+__all__ = ["FINGERPRINT_FIELDS", "fingerprint", "fingerprint_fields"]
 
 
 def _canonical_number(value):
@@ -44,8 +33,3 @@ def fingerprint(meta: Mapping) -> str:
     text = json.dumps(fingerprint_fields(meta), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
-
-def differing_fields(a: Mapping, b: Mapping) -> list[str]:
-    """Names of fingerprint fields whose values differ between two runs' metadata."""
-    fa, fb = fingerprint_fields(a), fingerprint_fields(b)
-    return [name for name in FINGERPRINT_FIELDS if fa[name] != fb[name]]

@@ -4,33 +4,47 @@ The server runs in a new session (its own process group), so stopping it also st
 workers it spawned (tensor-parallel ranks, tokenizer processes). Its output goes to a log file
 beside the run (results/logs/ by default); when it dies or does not become ready in time, the
 error shows the log's last lines.
+
+A sweep gets a `ServerHandle` from `open_server`, the same for a launched server and an attached
+one (a URL), and asks it whether the server has died (`died()`, `exit_status()`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k2bench.errors import ServerError
+from k2bench.errors import ServerError, UserError
 from k2bench.harness import recipes
+from k2bench.net import free_port, normalize_base_url
 
+TINY_MODEL_DIR = Path("results/models/tiny-mxfp4")
 LOG_TAIL_LINES = 25
 STOP_GRACE_S = 15.0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def describe_exit(code: int) -> str:
+    """'exited with code 1' or 'was killed by signal 9 (SIGKILL)', from a Popen return code."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = f" ({signal.Signals(-code).name})"
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-code}{name}"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -73,6 +87,13 @@ class Server:
         self.api_key = api_key
         self.proc: subprocess.Popen | None = None
         self.version: str | None = None
+        self.exit_code: int | None = None  # once the process has exited: its code, or -signal
+
+    def poll(self) -> int | None:
+        """The process's exit code (negative: killed by that signal) once it has exited, else None."""
+        if self.proc is not None and self.exit_code is None:
+            self.exit_code = self.proc.poll()
+        return self.exit_code
 
     @property
     def base_url(self) -> str:
@@ -106,9 +127,9 @@ class Server:
         deadline = time.monotonic() + self.ready_timeout_s
         stage = "/health"
         while True:
-            code = self.proc.poll()
+            code = self.poll()
             if code is not None:
-                raise ServerError(f"{self.name} exited with code {code} before it was ready; "
+                raise ServerError(f"{self.name} {describe_exit(code)} before it was ready; "
                                   f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
             status = _get(self.base_url + stage, timeout=5.0, api_key=self.api_key)
             if status == 200:
@@ -170,7 +191,8 @@ class Server:
                 break
             # the leader is gone but children of the group may linger: give them the grace, then kill
             time.sleep(0.2)
-        proc.poll()
+        if self.exit_code is None:
+            self.exit_code = proc.poll()
 
     def __enter__(self) -> Server:
         if self.proc is None:
@@ -208,3 +230,110 @@ def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, 
     return Server(argv, env=recipe.env, host=host, port=port, log_path=log_path,
                   ready_timeout_s=ready_timeout_s or recipe.ready_timeout_s, flags=flags,
                   version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key)
+
+
+@dataclass
+class ServerHandle:
+    """The server under test as a sweep holds it: launched (we own and watch its process) or
+    attached (someone else's server at a URL; no process to watch)."""
+
+    url: str
+    engine: str  # the recipe's name, or "external" when attached
+    served_models: list[str]
+    launched: Server | None = None
+    model_dir: Path | None = None  # the local model folder, when there is one
+    precision: str | None = None  # as the recipe states it
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.launched.proc if self.launched else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.launched.log_path if self.launched else None
+
+    @property
+    def command(self) -> str | None:
+        return self.launched.command if self.launched else None
+
+    @property
+    def version(self) -> str | None:
+        return self.launched.version if self.launched else None
+
+    @property
+    def flags(self) -> list[str] | None:
+        return self.launched.flags if self.launched else None
+
+    def exit_status(self) -> int | None:
+        """The launched process's exit code (negative: the signal that killed it), or None while it
+        runs or when the server is attached."""
+        return self.launched.poll() if self.launched else None
+
+    def died(self) -> bool:
+        return self.exit_status() is not None
+
+    def death_note(self) -> str | None:
+        """How the launched server ended, with its log's last lines; None while it runs."""
+        code = self.exit_status()
+        if code is None or self.launched is None:
+            return None
+        return (f"the server {describe_exit(code)}; last lines of {self.launched.log_path}:\n"
+                f"{log_tail(self.launched.log_path)}")
+
+    def stop(self) -> None:
+        if self.launched:
+            self.launched.stop()
+
+
+@contextlib.contextmanager
+def open_server(*, url: str | None = None, engine: str | None = None, model: str | None = None, tp: int = 1,
+                server_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
+                ready_timeout_s: float | None = None, api_key: str | None = None,
+                say: Callable[[str], None] = lambda text: None) -> Iterator[ServerHandle]:
+    """Attach to ``url``, or launch recipe ``engine`` (default: the bundled engine on its tiny model),
+    wait until it serves, yield its handle, and stop what was launched on the way out."""
+    from k2bench.harness.loadgen import probe, run
+
+    if url:
+        base = normalize_base_url(url)
+        yield ServerHandle(url=base, engine=engine or "external", served_models=run(probe(base, api_key=api_key)))
+        return
+    name = engine or "bundled"
+    recipe = recipes.get(name)
+    model = model or recipe.default_model
+    if model is None:
+        if name != "bundled":
+            raise UserError(f"--engine {name} needs --model (a model path or hub id)")
+        model = str(ensure_tiny_model(say=say))
+    server = from_recipe(name, model=model, tp=tp, extra_args=server_args, log_dir=log_dir,
+                         ready_timeout_s=ready_timeout_s, api_key=api_key)
+    say(f"starting {name}: {server.command}  (log: {server.log_path})")
+    with server:
+        handle = ServerHandle(url=server.base_url, engine=name,
+                              served_models=run(probe(server.base_url, api_key=api_key)), launched=server,
+                              model_dir=Path(model) if Path(model).is_dir() else None, precision=recipe.precision)
+        try:
+            yield handle
+        finally:
+            handle.stop()
+
+
+def ensure_tiny_model(path: Path = TINY_MODEL_DIR, say: Callable[[str], None] | None = None) -> Path:
+    """The bundled engine's default model: a tiny MXFP4 checkpoint, generated once and cached.
+
+    Generated by the engine's own CLI in a child process, since the harness never imports the engine."""
+    if (path / "config.json").is_file():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    if say:
+        say(f"generating the tiny MXFP4 model in {path} (once)")
+    argv = [sys.executable, "-m", "k2bench.harness.cli", "engine", "tiny", "--out", str(tmp), "--quant", "mxfp4"]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode != 0 or not (tmp / "config.json").is_file():
+        tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
+        raise UserError(f"could not generate the tiny model ({' '.join(argv[2:])}): {' | '.join(tail)}")
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path

@@ -28,6 +28,8 @@ import aiohttp
 
 from k2bench.errors import ServerError
 from k2bench.harness.records import RequestRecord
+from k2bench.net import normalize_base_url
+from k2bench.workloads.prompts import Prompt
 
 try:  # an event loop with less overhead per wake-up: lower client CPU and steadier stamps
     import uvloop as _uvloop
@@ -66,20 +68,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One request of a workload: the prompt (token ids or text) and the lengths asked for."""
-
-    input_len: int
-    output_len: int
-    token_ids: Sequence[int] | None = None  # a list, or a numpy array (compact for long prompts)
-    text: str | None = None
-
-    @property
-    def prompt(self) -> Sequence[int] | str:
-        return self.token_ids if self.token_ids is not None else (self.text or "")
-
-
 @dataclass
 class LevelSpec:
     """What one concurrency level sends: the defaults are InferenceX's."""
@@ -92,16 +80,6 @@ class LevelSpec:
     timeout_s: float = 1800.0
     extra_body: dict = field(default_factory=dict)
     api_key: str | None = None  # sent as "Authorization: Bearer KEY"
-
-
-def normalize_base_url(url: str) -> str:
-    """Accept ``http://h:p``, ``http://h:p/`` or ``http://h:p/v1``; return the server root."""
-    url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        url = "http://" + url
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return url
 
 
 def request_body(model: str, prompt: Prompt, extra: dict | None = None) -> bytes:

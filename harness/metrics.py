@@ -12,6 +12,8 @@ Per level (warmup records ignored; duration = first send to last finish (end_ns)
 - tput_per_gpu = (input + output tokens of completed requests) / duration / num_gpus.
 - interactivity = 1000 / TPOT percentile in ms ("tok/s/user"), see ``_interactivity``.
 
+Labels, units and directions of these figures are in k2bench.harness.catalogue.
+
 Percentiles are numpy's default linear interpolation (``np.percentile(..., method="linear")``);
 std is the population standard deviation (ddof=0), as vLLM's benchmark_serving reports it.
 Failed requests are counted (``failed``) but excluded from every latency and throughput figure.
@@ -25,11 +27,12 @@ from itertools import pairwise
 import numpy as np
 
 from k2bench.errors import UserError
+from k2bench.harness.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 from k2bench.harness.records import RequestRecord
 
-LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-STAT_KEYS = ("mean", "median", "std", "p90", "p99", "p99.9")
-INTERACTIVITY_KEYS = ("median", "p90", "p99")
+__all__ = ["INTERACTIVITY_KEYS", "LATENCY_METRICS", "STAT_KEYS", "measured", "request_metrics", "stats",
+           "summarize_level"]
+
 MAX_ERRORS_KEPT = 5
 
 _NS_PER_MS = 1e6

@@ -113,7 +113,7 @@ def _delta_table(res: RegressResult) -> list[str]:
     metrics = [m for m in METRICS if any(v.metric == m.column for v in res.verdicts)]
     concs = sorted({v.concurrency for v in res.verdicts})
     by = {(v.metric, v.concurrency): v for v in res.verdicts}
-    out = ["| conc | " + " | ".join(m.label for m in metrics) + " |",
+    out = ["| conc | " + " | ".join(m.short for m in metrics) + " |",
            "|---:|" + "---:|" * len(metrics)]
     for c in concs:
         cells = []

@@ -1,6 +1,7 @@
-"""The k2bench.run/1 JSON document: build, validate, parse.
+"""The k2bench.run JSON document: build, validate, parse.
 
-A document is ``{"schema": "k2bench.run/1", "run": {...}, "points": [...], "requests": [...]}``
+The fields and the version come from k2bench.harness.schema. A document is
+``{"schema": "k2bench.run/<version>", "run": {...}, "points": [...], "requests": [...]}``
 ("requests" is optional). Validation returns a normalised copy and raises UserError naming the
 first bad field by its path (for example ``points[2].ttft_ms.p99``). Unknown fields are errors,
 so a typo is never silently dropped; free-form data goes in run.tags, run.notes, run.client,
@@ -9,98 +10,23 @@ run.extra or a point's extra.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-from datetime import datetime, timezone
+import re
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness.metrics import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
+from k2bench.harness import schema
+from k2bench.harness.schema import RUN_STATUSES, Spec, format_time, parse_time
 
-SCHEMA = "k2bench.run/1"
-RUN_STATUSES = ("running", "complete", "partial", "failed")
-
-# field -> (kind, required on import)
-RUN_FIELDS: dict[str, tuple[str, bool]] = {
-    "id": ("int?", False),
-    "commit": ("str?", False),
-    "branch": ("str?", False),
-    "engine": ("str", True),
-    "engine_version": ("str?", False),
-    "engine_flags": ("json?", False),
-    "server_command": ("str?", False),
-    "model": ("str", True),
-    "precision": ("str?", False),
-    "hardware": ("str?", False),
-    "num_gpus": ("pos_int", True),
-    "tp": ("pos_int?", False),
-    "workload": ("str?", False),
-    "isl": ("pos_int?", False),
-    "osl": ("pos_int?", False),
-    "range_ratio": ("ratio?", False),
-    "fingerprint": ("str?", False),
-    "started_at": ("time", True),
-    "finished_at": ("time?", False),
-    "status": ("status", True),
-    "tags": ("dict?", False),
-    "trials": ("pos_int?", False),
-    "client": ("dict?", False),
-    "notes": ("str?", False),
-    "extra": ("dict?", False),
-}
-
-POINT_SCALARS: dict[str, tuple[str, bool]] = {
-    "concurrency": ("pos_int", True),
-    "trial": ("nonneg_int?", False),
-    "num_prompts": ("nonneg_int", True),
-    "completed": ("nonneg_int", True),
-    "failed": ("nonneg_int", True),
-    "osl_mismatches": ("nonneg_int?", False),
-    "errors": ("str_list?", False),
-    "duration_s": ("float?", False),
-    "input_tokens": ("nonneg_int?", False),
-    "output_tokens": ("nonneg_int?", False),
-    "tput_per_gpu": ("float?", False),
-    "output_tput_per_gpu": ("float?", False),
-    "input_tput_per_gpu": ("float?", False),
-    "extra": ("dict?", False),
-}
-
-REQUEST_FIELDS: dict[str, tuple[str, bool]] = {
-    "concurrency": ("pos_int", True),
-    "trial": ("nonneg_int?", False),
-    "index": ("nonneg_int", True),
-    "warmup": ("bool", True),
-    "requested_input_tokens": ("nonneg_int", True),
-    "requested_output_tokens": ("nonneg_int", True),
-    "send_ns": ("int", True),
-    "end_ns": ("int?", False),
-    "token_delta_ns": ("int_list", True),
-    "prompt_tokens": ("nonneg_int?", False),
-    "output_tokens": ("nonneg_int?", False),
-    "success": ("bool", True),
-    "error": ("str?", False),
-}
+__all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
+           "validate_point", "validate_request", "validate_run", "write_doc"]
 
 
-def format_time(dt: datetime | None) -> str | None:
-    """Canonical UTC ISO-8601 text, e.g. 2026-11-29T18:57:30.000000Z."""
-    if dt is None:
-        return None
-    if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str, where: str = "time") -> datetime:
-    """ISO-8601 text -> aware UTC datetime (text without an offset is taken as UTC)."""
-    try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: not an ISO-8601 time: {text!r}") from None
-    if dt.tzinfo is None:
-        return dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc)
+def schema_name() -> str:
+    """The "schema" value this k2bench writes, e.g. k2bench.run/1."""
+    return f"{schema.SCHEMA_PREFIX}{schema.SCHEMA_VERSION}"
 
 
 def _is_int(v) -> bool:
@@ -171,27 +97,6 @@ def _check(kind: str, value, where: str):
     raise AssertionError(f"unknown field kind {kind}")  # programming error, not user input
 
 
-def _check_fields(obj, spec: dict[str, tuple[str, bool]], where: str, extra_ok: tuple[str, ...] = ()) -> dict:
-    if not isinstance(obj, dict):
-        raise UserError(f"{where}: expected an object, got {type(obj).__name__}")
-    for key in obj:
-        if key not in spec and key not in extra_ok:
-            raise UserError(f"{where}.{key}: unknown field")
-    out = {}
-    for key, (kind, required) in spec.items():
-        if key not in obj:
-            if required:
-                raise UserError(f"{where}.{key}: missing")
-            out[key] = None
-            continue
-        out[key] = _check(kind, obj[key], f"{where}.{key}")
-    return out
-
-
-def validate_run(run, where: str = "run") -> dict:
-    return _check_fields(run, RUN_FIELDS, where)
-
-
 def _check_stats(value, keys: tuple[str, ...], where: str) -> dict:
     if value is None:
         return {k: None for k in keys}
@@ -203,35 +108,69 @@ def _check_stats(value, keys: tuple[str, ...], where: str) -> dict:
     return {k: _check("float?", value.get(k), f"{where}.{k}") for k in keys}
 
 
+def _check_fields(obj, fields: tuple[Spec, ...], where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected an object, got {type(obj).__name__}")
+    names = {s.name for s in fields}
+    for key in obj:
+        if key not in names:
+            raise UserError(f"{where}.{key}: unknown field")
+    out = {}
+    for s in fields:
+        if s.name not in obj and s.required:
+            raise UserError(f"{where}.{s.name}: missing")
+        value = obj.get(s.name)
+        if s.base == "stats":
+            out[s.name] = _check_stats(value, s.keys, f"{where}.{s.name}")
+            continue
+        out[s.name] = None if s.name not in obj else _check(s.kind, value, f"{where}.{s.name}")
+        if out[s.name] is None and s.default is not None:
+            out[s.name] = copy.copy(s.default)
+    return out
+
+
+def validate_run(run, where: str = "run") -> dict:
+    return _check_fields(run, schema.RUN, where)
+
+
 def validate_point(point, where: str = "point") -> dict:
-    nested = ("interactivity", *LATENCY_METRICS)
-    out = _check_fields(point, POINT_SCALARS, where, extra_ok=nested)
-    out["trial"] = out["trial"] or 0
-    out["osl_mismatches"] = out["osl_mismatches"] or 0
-    out["errors"] = out["errors"] or []
+    out = _check_fields(point, schema.POINT, where)
     if out["completed"] + out["failed"] != out["num_prompts"]:
         raise UserError(f"{where}: completed + failed ({out['completed']} + {out['failed']}) != num_prompts ({out['num_prompts']})")
-    out["interactivity"] = _check_stats(point.get("interactivity"), INTERACTIVITY_KEYS, f"{where}.interactivity")
-    for metric in LATENCY_METRICS:
-        out[metric] = _check_stats(point.get(metric), STAT_KEYS, f"{where}.{metric}")
     return out
 
 
 def validate_request(req, where: str = "request") -> dict:
-    out = _check_fields(req, REQUEST_FIELDS, where)
-    out["trial"] = out["trial"] or 0
-    return out
+    return _check_fields(req, schema.REQUEST, where)
+
+
+def upgrade_doc(doc: dict) -> dict:
+    """A document of an older schema version brought to the current one through schema.UPGRADES."""
+    name = doc.get("schema")
+    match = re.fullmatch(re.escape(schema.SCHEMA_PREFIX) + r"([1-9][0-9]*)", name) if isinstance(name, str) else None
+    if match is None:
+        raise UserError(f"schema: expected {schema_name()!r}, got {name!r}")
+    version = int(match.group(1))
+    if version > schema.SCHEMA_VERSION:
+        raise UserError(f"schema: {name!r} was written by a newer k2bench (this one reads up to "
+                        f"{schema_name()!r}); upgrade k2bench")
+    while version < schema.SCHEMA_VERSION:
+        doc = schema.UPGRADES[version](copy.deepcopy(doc))
+        version += 1
+        doc["schema"] = f"{schema.SCHEMA_PREFIX}{version}"
+    return doc
 
 
 def validate_doc(doc) -> dict:
-    """Check a whole document; return a normalised copy. Raises UserError on the first bad field."""
+    """Check a whole document (upgraded from an older version first); return a normalised copy.
+
+    Raises UserError on the first bad field."""
     if not isinstance(doc, dict):
         raise UserError("document: expected a JSON object")
     for key in doc:
         if key not in ("schema", "run", "points", "requests"):
             raise UserError(f"{key}: unknown top-level field")
-    if doc.get("schema") != SCHEMA:
-        raise UserError(f"schema: expected {SCHEMA!r}, got {doc.get('schema')!r}")
+    doc = upgrade_doc(doc)
     if "run" not in doc:
         raise UserError("run: missing")
     run = validate_run(doc["run"])
@@ -245,7 +184,7 @@ def validate_doc(doc) -> dict:
         if key in seen:
             raise UserError(f"points[{i}]: duplicate level (concurrency {key[0]}, trial {key[1]})")
         seen.add(key)
-    out = {"schema": SCHEMA, "run": run, "points": points}
+    out = {"schema": schema_name(), "run": run, "points": points}
     if doc.get("requests") is not None:
         reqs_in = doc["requests"]
         if not isinstance(reqs_in, list):
@@ -261,14 +200,14 @@ def validate_doc(doc) -> dict:
 
 
 def build_doc(run: dict, points: list[dict], requests: list[dict] | None = None) -> dict:
-    doc = {"schema": SCHEMA, "run": run, "points": points}
+    doc = {"schema": schema_name(), "run": run, "points": points}
     if requests is not None:
         doc["requests"] = requests
     return doc
 
 
 def load_doc(path: str | Path) -> dict:
-    """Read and validate a k2bench.run/1 file; errors name the file."""
+    """Read, upgrade and validate a k2bench.run file; errors name the file."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

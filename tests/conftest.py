@@ -1,19 +1,16 @@
-"""Shared fixtures. Tests mirror the code folders: tests/harness, tests/engine, tests/analysis, tests/dashboard."""
+"""Shared fixtures. Tests mirror the code folders: tests/harness, tests/workloads, tests/engine, tests/analysis,
+tests/dashboard; tests/test_import_boundaries.py guards the folders' import rules.
+
+`free_port` is k2bench.net's (imported here for the fixture; tests import it from k2bench.net)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-
-def free_port() -> int:
-    """Ask the OS for a free TCP port on loopback (no hard-coded ports in tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from k2bench.net import free_port
 
 
 @pytest.fixture
 def port() -> int:
+    """A free loopback port (no hard-coded ports in tests)."""
     return free_port()

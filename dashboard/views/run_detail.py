@@ -8,12 +8,6 @@ import streamlit as st
 from k2bench.dashboard import cache, charts, data
 from k2bench.dashboard.views.common import csv_download
 
-LEVEL_COLUMNS = ["concurrency", "completed", "failed", "duration_s", "tput_per_gpu", "output_tput_per_gpu",
-                 "interactivity_median", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "itl_ms_p99",
-                 "e2el_ms_median"]
-META_FIELDS = ["commit", "branch", "status", "engine", "engine_version", "model", "precision", "hardware",
-               "num_gpus", "tp", "workload", "isl", "osl", "started_at", "finished_at", "fingerprint"]
-
 
 def render(url: str, runs: pd.DataFrame) -> None:
     st.title("Run detail")
@@ -26,7 +20,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     meta = cache.run(url, run_id)
 
     st.subheader("Metadata")
-    rows = [(k, str(meta.get(k))) for k in META_FIELDS if meta.get(k) not in (None, "")]
+    rows = [(k, str(meta.get(k))) for k in data.META_FIELDS if meta.get(k) not in (None, "")]
     half = (len(rows) + 1) // 2
     left, right = st.columns(2)
     for col, part in ((left, rows[:half]), (right, rows[half:])):
@@ -46,7 +40,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
 
     st.subheader("Per-level results")
     levels = data.per_run_levels(cache.points(url, (int(run_id),)))
-    table = levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
+    table = data.level_table(levels)
     st.dataframe(table, hide_index=True, key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
 

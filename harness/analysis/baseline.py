@@ -16,14 +16,12 @@ baseline runs), at most ``history_limit`` of them, none newer than the newest ba
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 
 from k2bench.errors import UserError
+from k2bench.harness.fingerprint import fingerprint_fields
+from k2bench.harness.provenance import git
 
-# Used when k2bench.harness.fingerprint is not importable (it is the store's module).
-FALLBACK_FIELDS = ("engine", "engine_version", "engine_flags", "model", "precision", "hardware",
-                   "num_gpus", "tp", "workload", "isl", "osl", "range_ratio")
 USABLE_STATUS = ("complete", "partial")
 MODES = ("auto", "merge-base", "latest")
 
@@ -51,14 +49,6 @@ class Selection:
     reason: str = ""  # why these runs (or why none)
 
 
-def fingerprint_fields(meta: dict) -> dict:
-    try:
-        from k2bench.harness.fingerprint import fingerprint_fields as ff
-    except ImportError:
-        return {k: meta.get(k) for k in FALLBACK_FIELDS}
-    return ff(meta)
-
-
 def differing_fields(a: dict, b: dict) -> list[str]:
     """'field (a vs b)' for each fingerprint field where two runs differ."""
     fa, fb = fingerprint_fields(a), fingerprint_fields(b)
@@ -73,15 +63,6 @@ def comparable(a: dict, b: dict) -> tuple[bool, str]:
     if not diff:  # fingerprints differ only through fields the hash covers but meta lacks
         diff = [f"fingerprint ({a.get('fingerprint')!r} vs {b.get('fingerprint')!r})"]
     return False, f"run {a.get('id')} and run {b.get('id')} are not comparable: they differ in " + ", ".join(diff)
-
-
-def git(repo: str | None, *args: str) -> str | None:
-    """Output of a git command in ``repo``, or None when git or the revision is unavailable."""
-    try:
-        out = subprocess.run(["git", *args], cwd=repo or None, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def merge_base(repo: str | None, default_branch: str, commit: str) -> str | None:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from k2bench.harness.catalogue import GATE_METRICS, over_trials
+
 DEFAULT_WINDOW = 50
 DEFAULT_PVALUE = 0.001
 DEFAULT_MIN_SIZE = 3
@@ -158,16 +160,14 @@ def _prune(x: np.ndarray, points: list[int], window: int, pvalue: float) -> list
 
 def default_metrics() -> tuple[str, ...]:
     """The metrics scanned when none are named: the ones the regression gate judges."""
-    from k2bench.harness.analysis.regress import METRICS
-
-    return tuple(m.column for m in METRICS)
+    return tuple(m.column for m in GATE_METRICS)
 
 
 def history_change_points(points, metrics: tuple[str, ...] | None = None, window: int = DEFAULT_WINDOW,
                           pvalue: float = DEFAULT_PVALUE, min_size: int = DEFAULT_MIN_SIZE) -> list[dict]:
     """Change points of every metric and concurrency in a points_frame-shaped history.
 
-    One value per run (the mean of its trials), runs ordered by start time. Rows match
+    One value per run (its trials reduced by catalogue.over_trials, the median), runs ordered by start time. Rows match
     ``Store.replace_change_points``: metric, concurrency, run_id, commit, detected_at, mean_before,
     mean_after, rel_change, p_value.
     """
@@ -181,9 +181,9 @@ def history_change_points(points, metrics: tuple[str, ...] | None = None, window
     cols = [c for c in (metrics or default_metrics()) if c in points.columns]
     if len(points) == 0 or not cols:
         return []
-    runs = (points.groupby(["run_id", "concurrency"], as_index=False)
-            .agg({**{c: "mean" for c in cols}, "started_at": "first", "commit": "first"})
-            .sort_values(["started_at", "run_id"]))
+    keys = ["run_id", "concurrency"]
+    meta = points.groupby(keys, as_index=False)[["started_at", "commit"]].first()
+    runs = over_trials(points, cols, keys).merge(meta, on=keys).sort_values(["started_at", "run_id"])
     now = datetime.now(timezone.utc)
     rows = []
     for conc, g in runs.groupby("concurrency"):

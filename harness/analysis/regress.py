@@ -27,26 +27,10 @@ import numpy as np
 import pandas as pd
 
 from k2bench.harness.analysis import pareto, stats
+from k2bench.harness.catalogue import GATE_METRICS, Metric, over_trials
 
-
-@dataclass(frozen=True)
-class Metric:
-    column: str  # column of points_frame
-    label: str
-    higher_is_better: bool
-    sample: str  # per-request sample that moves with the metric: column of requests_frame, or a rule
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("tput_per_gpu", "tok/s/GPU", True, "output_rate"),
-    Metric("interactivity_median", "tok/s/user", True, "inv_tpot"),
-    Metric("ttft_ms_median", "TTFT p50", False, "ttft_ms"),
-    Metric("ttft_ms_p99", "TTFT p99", False, "ttft_ms"),
-    Metric("tpot_ms_median", "TPOT p50", False, "tpot_ms"),
-    Metric("tpot_ms_p99", "TPOT p99", False, "tpot_ms"),
-    Metric("e2el_ms_median", "E2EL p50", False, "e2el_ms"),
-    Metric("e2el_ms_p99", "E2EL p99", False, "e2el_ms"),
-)
+# The metrics the gate judges, with their direction and per-request sample: see the catalogue.
+METRICS: tuple[Metric, ...] = GATE_METRICS
 METRIC_BY_COLUMN = {m.column: m for m in METRICS}
 
 
@@ -148,14 +132,15 @@ def _clean(obj):
 
 
 def per_run(points: pd.DataFrame) -> pd.DataFrame:
-    """Mean over trials: one row per (run_id, concurrency)."""
-    cols = [m.column for m in METRICS if m.column in points.columns]
-    return points.groupby(["run_id", "concurrency"], as_index=False)[cols].mean(numeric_only=True)
+    """One row per (run_id, concurrency): trials reduced as everywhere (catalogue.over_trials)."""
+    return over_trials(points, [m.column for m in METRICS])
 
 
-def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str) -> np.ndarray | None:
-    """Per-request values that move with a metric (same direction), for the rank test."""
-    if requests is None or len(requests) == 0:
+def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str | None) -> np.ndarray | None:
+    """Per-request values that move with a metric (same direction), for the rank test.
+
+    ``rule`` is the metric's catalogue sample rule; None (no per-request sample) gives None."""
+    if rule is None or requests is None or len(requests) == 0:
         return None
     df = requests[(requests["concurrency"] == concurrency)]
     if "success" in df.columns:
@@ -233,11 +218,11 @@ def decide(m: Metric, conc: int, b_vals: np.ndarray, c_vals: np.ndarray, h_vals:
     """
     thr = cfg.threshold_for(m.column)
     if len(c_vals) == 0 or len(b_vals) == 0:
-        return Verdict(m.column, m.label, conc, m.higher_is_better, math.nan, math.nan, math.nan,
+        return Verdict(m.column, m.short, conc, m.higher_is_better, math.nan, math.nan, math.nan,
                        math.nan, thr, status="missing")
     c_center, b_center = stats.center(c_vals), stats.center(b_vals)
     eff = stats.effect(b_center, c_center, m.higher_is_better)
-    v = Verdict(m.column, m.label, conc, m.higher_is_better, b_center, c_center, eff.rel_change,
+    v = Verdict(m.column, m.short, conc, m.higher_is_better, b_center, c_center, eff.rel_change,
                 eff.worse_by, thr, factor=stats.effect_factor(b_center, c_center, m.higher_is_better))
     tests = []
     if h_vals is not None and len(h_vals) >= cfg.min_history:

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from k2bench.harness.commands.common import add_db_arg
+
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
 
@@ -15,7 +17,7 @@ DEFAULT_HOST = "127.0.0.1"
 def register(sub) -> None:
     p = sub.add_parser("dashboard", help="browse frontiers, history and comparisons in a web dashboard",
                        description="Start the Streamlit dashboard on a k2bench database (it only reads).")
-    p.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)")
+    add_db_arg(p)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 to share on the network)")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from k2bench.errors import UserError
+from k2bench.harness.commands.common import add_db_arg
 
 # Defaults live in the dataclasses of k2bench.harness.analysis; these mirror them for --help only
 # and are read from there at run time (see _config / _options).
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", default=None, metavar="PATH",
                    help="also write the JSON verdict here (one comparison, both outputs)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is found")
-    p.add_argument("--db", default=None, help="database URL (default env K2BENCH_DB or results/k2bench.db)")
+    add_db_arg(p)
     p.set_defaults(handler=_regress)
 
     c = sub.add_parser("changepoints", help="change points in each metric's history on a branch",
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--pvalue", type=float, default=None, help="t-test p-value a change must beat (default 0.001)")
     c.add_argument("--metric", action="append", default=None, help="metric column (repeatable; default all gated ones)")
     c.add_argument("--no-store", action="store_true", help="list only; do not replace stored change points")
-    c.add_argument("--db", default=None)
+    add_db_arg(c)
     c.set_defaults(handler=_changepoints)
 
 

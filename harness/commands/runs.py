@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from k2bench.harness.commands.common import add_db_arg, table_console
+
 if TYPE_CHECKING:
     from rich.table import Table
 
-DB_HELP = "database URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,44 +27,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload")
     p.add_argument("--status", choices=["running", "complete", "partial", "failed"], help="stored status")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0 = all)")
-    p.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(p)
     p.set_defaults(handler=_runs)
 
     s = sub.add_parser("show", help="one run: metadata and its per-level table")
     s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
-    s.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(s)
     s.set_defaults(handler=_show)
 
     e = sub.add_parser("export", help="write a run as k2bench.run/1 JSON")
     e.add_argument("run", metavar="RUN", help="run id")
     e.add_argument("--json", required=True, metavar="PATH", dest="json_path", help="file to write")
     e.add_argument("--requests", action="store_true", help="include every request's raw stamps")
-    e.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(e)
     e.set_defaults(handler=_export)
 
     i = sub.add_parser("import", help="store k2bench.run/1 JSON files as new runs",
                        description="Every file is validated before anything is written; each file is then "
                                    "stored in one transaction (all of it or none of it).")
     i.add_argument("files", nargs="+", metavar="FILE")
-    i.add_argument("--db", default=None, help=DB_HELP)
+    add_db_arg(i)
     i.set_defaults(handler=_import)
-
-
-def _console():
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:  # pipes and tests: do not squeeze the tables into 80 columns
-        console = Console(width=200)
-    return console
-
-
-def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 def _date(iso: str | None) -> str:
@@ -71,8 +55,13 @@ def _date(iso: str | None) -> str:
 
 
 def points_table(points: list[dict], title: str | None = None) -> Table:
-    """The per-level table (also what a sweep prints at its end): one row per level and trial."""
+    """The per-level table (also what a sweep prints at its end): one row per level and trial.
+
+    Its columns are the catalogue's table metrics and the schema's labelled per-level fields."""
     from rich.table import Table
+
+    from k2bench.harness import schema
+    from k2bench.harness.catalogue import TABLE_METRICS
 
     trials = len({p.get("trial", 0) for p in points}) > 1
     mismatches = any(p.get("osl_mismatches") for p in points)
@@ -80,23 +69,19 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     table.add_column("conc", justify="right")
     if trials:
         table.add_column("trial", justify="right")
-    for name in ("tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2EL p50 ms", "failed"):
+    for name in (*(m.header for m in TABLE_METRICS), *(f.label for f in schema.LEVEL_TABLE_FIELDS), "failed"):
         table.add_column(name, justify="right")
     if mismatches:
         table.add_column("OSL mismatch", justify="right")
     for p in points:
+        flat = schema.to_columns(schema.POINT, p)
         row = [str(p["concurrency"])]
         if trials:
             row.append(str(p.get("trial", 0)))
-        row += [
-            _fmt(p.get("tput_per_gpu")),
-            _fmt((p.get("interactivity") or {}).get("median")),
-            _fmt(p["ttft_ms"]["median"]),
-            _fmt(p["ttft_ms"]["p99"]),
-            _fmt(p["tpot_ms"]["median"], 2),
-            _fmt(p["e2el_ms"]["median"]),
-            f"{p['failed']}/{p['num_prompts']}",
-        ]
+        row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
+        row += ["-" if flat.get(f.name) is None else f"{flat[f.name]:,.{f.decimals}f}"
+                for f in schema.LEVEL_TABLE_FIELDS]
+        row.append(f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
         table.add_row(*row)
@@ -118,7 +103,7 @@ def _runs(args) -> int:
         filters["limit"] = args.limit
     with _open(args) as store:
         runs = store.list_runs(**filters)
-    console = _console()
+    console = table_console()
     if not runs:
         console.print("no runs stored yet (run `k2bench sweep` or `k2bench import FILE`)")
         return 0
@@ -141,14 +126,14 @@ def _status_text(run: dict) -> str:
 def _show(args) -> int:
     import json
 
+    from k2bench.harness import schema
+
     with _open(args) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
-    console = _console()
+    console = table_console()
     lines = [("run", str(run["id"])), ("status", _status_text(run))]
-    for key in ("started_at", "finished_at", "commit", "branch", "engine", "engine_version", "model", "precision",
-                "hardware", "num_gpus", "tp", "workload", "isl", "osl", "range_ratio", "trials", "fingerprint",
-                "server_command", "engine_flags", "tags", "client", "notes", "extra"):
+    for key in (s.name for s in schema.RUN if s.name not in ("id", "status")):
         value = run.get(key)
         if value is None or value == {} or value == []:
             continue

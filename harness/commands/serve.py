@@ -7,38 +7,61 @@ import os
 
 from k2bench.errors import UserError
 
+DEFAULT_PORT = 8000
+
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # The engine's own defaults and names, from its torch-free modules (imported here, not at module
+    # level: this is the one door from the CLI into the engine), so --help shows the real values.
+    from k2bench.engine.kernels import backend_names
+    from k2bench.engine.runtime_config import KV_CACHE_DTYPES, RuntimeConfig
+
+    rt = RuntimeConfig()
     p = sub.add_parser("serve", help="serve a Kimi-K2 / DeepSeek-V3 checkpoint with the bundled engine",
                        description="Serve a checkpoint folder with the bundled MXFP4 engine over an "
                                    "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics).")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer.json)")
     p.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or K2BENCH_API_KEY)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: env K2BENCH_API_KEY; none: no key)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each (default 1)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the model runs: auto, cpu or cuda (default auto: cuda when visible)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="activation and float-weight dtype (auto: the checkpoint's)")
+                   help="activation and float-weight dtype: auto, float32 or bfloat16 (default auto: the "
+                        "checkpoint's)")
     p.add_argument("--quant-mode", default="auto", choices=("auto", "w4", "a4w4"),
-                   help="MXFP4 numerics (auto: a4w4 if the checkpoint declares fp4 inputs, else w4)")
-    p.add_argument("--backend", default="auto", help="kernel backend (auto picks per device)")
-    g = p.add_argument_group("runtime (defaults in k2bench.engine.runtime_config)")
-    g.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
-    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block")
+                   help="MXFP4 numerics: auto, w4 or a4w4 (default auto: a4w4 if the checkpoint declares fp4 "
+                        "inputs, else w4)")
+    backends = backend_names()
+    p.add_argument("--backend", default="auto", choices=backends,
+                   help=f"kernel backend: {', '.join(backends)} (default auto: triton on CUDA, else torch)")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"most sequences in one batch (default {rt.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help=f"token budget of one step (default {rt.max_num_batched_tokens})")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output limit (default: the model's max_position_embeddings)")
+    g.add_argument("--block-size", type=int, default=None,
+                   help=f"tokens per KV cache block (default {rt.block_size})")
     kv = g.add_mutually_exclusive_group()
-    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks")
-    kv.add_argument("--kv-cache-memory", type=float, default=None, help="KV cache size in GiB per rank")
-    g.add_argument("--kv-cache-dtype", default=None, choices=("auto", "bfloat16", "fp8"),
-                   help="KV cache storage (fp8 = float8_e4m3fn, upcast on read)")
+    kv.add_argument("--num-kv-blocks", type=int, default=None,
+                    help="KV cache size in blocks (default: from --kv-cache-memory, else room for "
+                         "--max-num-seqs sequences of --max-model-len)")
+    kv.add_argument("--kv-cache-memory", type=float, default=None,
+                    help="KV cache size in GiB per rank (default: see --num-kv-blocks)")
+    g.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
+                   help=f"KV cache storage: {', '.join(KV_CACHE_DTYPES)} (default {rt.kv_cache_dtype}: bfloat16 "
+                        "for bf16 models, else the model dtype; fp8 = float8_e4m3fn, upcast on read)")
     g.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False, default=None,
-                   help="never replay CUDA graphs of decode steps (on CUDA with the triton backend they are "
-                        "captured at start-up for batch sizes up to --max-num-seqs)")
+                   help="never replay CUDA graphs of decode steps (default: on CUDA with the triton backend "
+                        "they are captured at start-up for batch sizes up to --max-num-seqs)")
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
-                   help="admit new prefills only after the oldest waited factor x the last prefill step")
+                   help="admit new prefills only after the oldest waited factor x the last prefill step "
+                        f"(default {rt.scheduler_delay_factor:g}: no delay)")
     p.set_defaults(handler=run)
 
 

@@ -6,7 +6,14 @@ Heavy imports (aiohttp, numpy, sqlalchemy, rich) happen inside the handler.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+
+from k2bench.errors import UserError
+from k2bench.harness.commands.common import add_db_arg, table_console
+
+MAX_CONCURRENCY = 1 << 16
 
 DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny generated MXFP4 model "
                  "on this machine (TP 1).")
@@ -44,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--trials", type=int, default=1, help="repeat each level K times (stored as trial 0..K-1)")
     load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout (default 1800)")
     rec = p.add_argument_group("recording")
-    rec.add_argument("--db", default=None, help="database URL (default: env K2BENCH_DB, else sqlite:///results/k2bench.db)")
+    add_db_arg(rec)
     rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run/1 JSON")
     rec.add_argument("--commit", help="commit measured (default: git HEAD, if in a git checkout)")
     rec.add_argument("--branch", help="branch measured (default: the current git branch)")
@@ -56,22 +63,84 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_sweep)
 
 
+def parse_concurrency(text: str) -> list[int]:
+    """``4..128`` (powers of two from 4 to 128 inclusive), ``4,8,32`` or ``64``; else UserError."""
+    spec = text.strip()
+    m = re.fullmatch(r"(\d+)\s*\.\.\s*(\d+)", spec)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo < 1 or hi < 1:
+            raise UserError(f"--conc {spec!r}: bounds must be at least 1")
+        if lo > hi:
+            raise UserError(f"--conc {spec!r}: the lower bound is above the upper bound")
+        if lo & (lo - 1) or hi & (hi - 1):
+            raise UserError(f"--conc {spec!r}: a range runs over powers of two, so both bounds must be powers "
+                            f"of two (e.g. 4..128); list other levels explicitly, e.g. 4,12,48")
+        levels = []
+        c = lo
+        while c <= hi:
+            levels.append(c)
+            c *= 2
+        return _check_levels(levels, spec)
+    if re.fullmatch(r"\d+(\s*,\s*\d+)*", spec):
+        return _check_levels([int(x) for x in spec.split(",")], spec)
+    raise UserError(f"--conc {spec!r}: expected a range of powers of two like 4..128, a list like 4,8,32, "
+                    f"or one number like 64")
+
+
+def _check_levels(levels: list[int], spec: str) -> list[int]:
+    for c in levels:
+        if c < 1:
+            raise UserError(f"--conc {spec!r}: concurrency must be at least 1")
+        if c > MAX_CONCURRENCY:
+            raise UserError(f"--conc {spec!r}: concurrency {c} is above the limit {MAX_CONCURRENCY}")
+    if len(set(levels)) != len(levels):
+        raise UserError(f"--conc {spec!r}: a level is listed twice")
+    return levels
+
+
+def parse_count(text: str | None, flag: str) -> tuple[int | None, float | None]:
+    """'40' -> (40, None): that many per level; '2x' -> (None, 2.0): twice each level's concurrency."""
+    if text is None:
+        return None, None
+    t = text.strip().lower()
+    try:
+        if t.endswith("x"):
+            multiple = float(t[:-1])
+            if math.isfinite(multiple):  # "nanx" / "infx" would only fail later, as a traceback
+                return None, multiple
+        else:
+            return int(t), None
+    except ValueError:
+        pass
+    raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}")
+
+
+def parse_tags(items: list[str] | None) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--tag {item!r}: expected key=value")
+        tags[key.strip()] = value.strip()
+    return tags
+
+
 def _config(args: argparse.Namespace):
-    from k2bench.harness.sweep import SweepConfig, parse_concurrency, parse_count, parse_tags
+    from k2bench.harness.sweep import SweepConfig
     from k2bench.workloads import loader
 
     for name in ("isl", "osl"):
         v = getattr(args, name)
         if v is not None and v < 1:
-            from k2bench.errors import UserError
-
             raise UserError(f"--{name} must be at least 1")
     num_prompts, num_prompts_x = parse_count(args.num_prompts, "--num-prompts")
     warmup, warmup_x = parse_count(args.warmup, "--warmup")
     return SweepConfig(
         levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
         url=args.url, engine=args.engine, model=args.model, tp=args.tp, num_prompts=num_prompts,
-        num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x, trials=args.trials, db=args.db, json_path=args.json_path, commit=args.commit,
+        num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x, trials=args.trials, db=args.db,
+        json_path=args.json_path, commit=args.commit,
         branch=args.branch, tags=parse_tags(args.tag), gpus=args.gpus, timeout_s=args.timeout,
         server_args=args.server_args, precision=args.precision, hardware=args.hardware,
         ready_timeout_s=args.ready_timeout, notes=args.notes,
@@ -109,10 +178,7 @@ def _sweep(args: argparse.Namespace) -> int:
         result = run_sweep(cfg, events)
     title = (f"run {result.run_id} ({result.status}): {result.meta.get('engine')} {result.meta.get('model')}, "
              f"{result.meta.get('workload')}, {result.meta.get('num_gpus')} GPU(s)")
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=160)  # a log or pipe: do not squeeze the table to 80 columns
-    out.print(points_table(result.points, title))
+    table_console().print(points_table(result.points, title))
     if cfg.json_path:
         console.print(f"wrote {cfg.json_path}")
     bad = sum(p["failed"] for p in result.points)

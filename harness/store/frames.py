@@ -7,18 +7,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sqlalchemy import select
 
+from k2bench.harness import schema
 from k2bench.harness.metrics import request_metrics
 from k2bench.harness.store.codec import decode_deltas
-from k2bench.harness.store.models import INTERACTIVITY_COLUMNS, STAT_COLUMNS, ChangePoint, Point, Request, Run
+from k2bench.harness.store.models import ChangePoint, Point, Request, Run
 
 if TYPE_CHECKING:
     import pandas as pd
 
-RUN_COLUMNS = ("commit", "branch", "engine", "engine_version", "model", "precision", "hardware", "num_gpus", "tp",
-               "workload", "isl", "osl", "fingerprint", "started_at", "status")
-POINT_COLUMNS = ("concurrency", "trial", "num_prompts", "completed", "failed", "osl_mismatches", "duration_s",
-                 "input_tokens", "output_tokens", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu",
-                 *INTERACTIVITY_COLUMNS, *STAT_COLUMNS)
+# Both derived from k2bench.harness.schema: the run's short fields, then the level's flat columns.
+RUN_COLUMNS = schema.RUN_SUMMARY_FIELDS
+POINT_COLUMNS = schema.POINT_COLUMNS
+_TIME_COLUMNS = tuple(s.name for s in schema.RUN if s.base == "time")
 REQUEST_COLUMNS = ("concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
                    "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch")
 CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "concurrency", "run_id", "commit", "detected_at",
@@ -43,7 +43,8 @@ class FramesMixin:
         with self._read() as s:
             rows = s.execute(q).all()
         df = pd.DataFrame(rows, columns=["run_id", *RUN_COLUMNS, *POINT_COLUMNS])
-        df["started_at"] = pd.to_datetime(df["started_at"], utc=True)
+        for name in _TIME_COLUMNS:
+            df[name] = pd.to_datetime(df[name], utc=True)
         return df
 
     def requests_frame(self, run_id: int, concurrency: int | None = None) -> pd.DataFrame:

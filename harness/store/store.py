@@ -10,6 +10,7 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+import numpy as np
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,25 +18,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from k2bench import __version__
 from k2bench.errors import UserError
-from k2bench.harness import runjson
+from k2bench.harness import runjson, schema
 from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import db
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.frames import FramesMixin
 from k2bench.harness.store.liveness import current_writer, writer_alive
-from k2bench.harness.store.models import (
-    INTERACTIVITY_COLUMNS,
-    ChangePoint,
-    Point,
-    Request,
-    Run,
-    stat_column,
-)
+from k2bench.harness.store.models import ChangePoint, Point, Request, Run
 
+RUN_FIELD_NAMES = frozenset(s.name for s in schema.RUN)
 RUN_FILTERS = ("engine", "model", "hardware", "branch", "commit", "fingerprint", "status", "workload", "limit")
-_RUN_COLUMNS = [k for k in runjson.RUN_FIELDS if k not in ("id", "started_at", "finished_at")]
-_POINT_SCALARS = list(runjson.POINT_SCALARS)
 
 
 def _utcnow() -> datetime:
@@ -45,11 +38,7 @@ def _utcnow() -> datetime:
 def _to_db_time(text: str | None) -> datetime | None:
     if text is None:
         return None
-    return runjson.parse_time(text).replace(tzinfo=None)
-
-
-def _from_db_time(dt: datetime | None) -> str | None:
-    return None if dt is None else runjson.format_time(dt.replace(tzinfo=timezone.utc))
+    return schema.parse_time(text).replace(tzinfo=None)
 
 
 def effective_status(run: Run) -> str:
@@ -118,7 +107,7 @@ class Store(FramesMixin):
         """Record a new run (status "running" unless meta says otherwise); returns its id.
 
         Defaults: started_at now, num_gpus = tp or 1, trials 1, fingerprint computed from meta.
-        Unknown keys are a UserError (see runjson.RUN_FIELDS).
+        Unknown keys are a UserError (see k2bench.harness.schema.Run).
         """
         meta = dict(meta)
         meta.pop("id", None)
@@ -137,16 +126,9 @@ class Store(FramesMixin):
 
     @staticmethod
     def _new_run(run: dict) -> Run:
-        values = {k: run[k] for k in _RUN_COLUMNS}
-        values["trials"] = values["trials"] or 1
+        values = schema.to_columns(schema.RUN, run)
         values["fingerprint"] = values["fingerprint"] or fingerprint(run)
-        now = _utcnow()
-        return Run(
-            **values,
-            started_at=_to_db_time(run["started_at"]),
-            finished_at=_to_db_time(run["finished_at"]),
-            updated_at=now,
-        )
+        return Run(**values, updated_at=_utcnow())
 
     def add_point(self, run_id: int, point: dict, records: Sequence[RequestRecord] | None = None) -> int:
         """Commit one finished level (its summary and raw requests) in its own transaction."""
@@ -168,12 +150,7 @@ class Store(FramesMixin):
 
     @staticmethod
     def _insert_point(s: Session, run_id: int, p: dict) -> int:
-        values = {k: p[k] for k in _POINT_SCALARS}
-        for key, col in zip(runjson.INTERACTIVITY_KEYS, INTERACTIVITY_COLUMNS, strict=True):
-            values[col] = p["interactivity"][key]
-        for metric in runjson.LATENCY_METRICS:
-            for stat, v in p[metric].items():
-                values[stat_column(metric, stat)] = v
+        values = schema.to_columns(schema.POINT, p)
         values.update(run_id=run_id, created_at=_utcnow())
         return s.execute(insert(Point).values(**values).returning(Point.id)).scalar_one()
 
@@ -270,7 +247,7 @@ class Store(FramesMixin):
             points = s.execute(
                 select(Point).where(Point.run_id == run.id).order_by(Point.concurrency, Point.trial)
             ).scalars().all()
-            run_obj = {k: v for k, v in _run_dict(run, len(points)).items() if k in runjson.RUN_FIELDS}
+            run_obj = {k: v for k, v in _run_dict(run, len(points)).items() if k in RUN_FIELD_NAMES}
             doc = runjson.build_doc(run_obj, [_point_dict(p) for p in points])
             if include_requests:
                 reqs = s.execute(
@@ -319,50 +296,30 @@ def _apply_run_filters(q, filters: dict):
 
 
 def _run_dict(run: Run, levels: int) -> dict:
-    out: dict = {"id": run.id}
-    for key in runjson.RUN_FIELDS:
-        if key in ("started_at", "finished_at"):
-            out[key] = _from_db_time(getattr(run, key))
-        elif key != "id":
-            out[key] = getattr(run, key)
+    out: dict = {"id": run.id, **schema.from_columns(schema.RUN, run)}
     out["levels"] = levels
     out["effective_status"] = effective_status(run)
     return out
 
 
 def _point_dict(p: Point) -> dict:
-    out = {k: getattr(p, k) for k in _POINT_SCALARS}
-    if out["extra"] is None:  # optional free-form field: absent unless used
-        del out["extra"]
-    out["interactivity"] = {k: getattr(p, c) for k, c in zip(runjson.INTERACTIVITY_KEYS, INTERACTIVITY_COLUMNS, strict=True)}
-    for metric in runjson.LATENCY_METRICS:
-        out[metric] = {stat: getattr(p, stat_column(metric, stat)) for stat in runjson.STAT_KEYS}
-    return out
+    return schema.from_columns(schema.POINT, p)  # every field, null where not measured
 
 
 def _record_row(r: RequestRecord, run_id: int, point_id: int, trial: int) -> dict:
-    return {
-        "point_id": point_id, "run_id": run_id, "concurrency": r.concurrency, "trial": trial, "idx": r.index,
-        "warmup": bool(r.warmup), "requested_input_tokens": r.requested_input_tokens,
-        "requested_output_tokens": r.requested_output_tokens, "send_ns": r.send_ns, "end_ns": r.end_ns,
-        "n_tokens": len(r.token_ns), "token_deltas": encode_stamps(r.send_ns, r.token_ns),
-        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "success": bool(r.success),
-        "error": r.error,
-    }
+    obj = {s.name: getattr(r, s.name) for s in schema.REQUEST if s.sql is not None and s.name != "trial"}
+    obj.update(trial=trial, warmup=bool(r.warmup), success=bool(r.success))
+    return _request_row(obj, r.send_ns, r.token_ns, run_id, point_id)
 
 
 def _json_request_row(r: dict, run_id: int, point_id: int) -> dict:
-    token_ns, t = [], r["send_ns"]
-    for d in r["token_delta_ns"]:
-        t += d
-        token_ns.append(t)
-    rec = RequestRecord(
-        index=r["index"], concurrency=r["concurrency"], warmup=r["warmup"],
-        requested_input_tokens=r["requested_input_tokens"], requested_output_tokens=r["requested_output_tokens"],
-        send_ns=r["send_ns"], token_ns=token_ns, end_ns=r["end_ns"], prompt_tokens=r["prompt_tokens"],
-        output_tokens=r["output_tokens"], success=r["success"], error=r["error"],
-    )
-    return _record_row(rec, run_id, point_id, r["trial"])
+    token_ns = (np.cumsum(np.asarray(r["token_delta_ns"], dtype=np.int64)) + np.int64(r["send_ns"])).tolist()
+    return _request_row(r, r["send_ns"], token_ns, run_id, point_id)
+
+
+def _request_row(obj: dict, send_ns: int, token_ns: list[int], run_id: int, point_id: int) -> dict:
+    return {**schema.to_columns(schema.REQUEST, obj), "point_id": point_id, "run_id": run_id,
+            "n_tokens": len(token_ns), "token_deltas": encode_stamps(send_ns, token_ns)}
 
 
 def _row_record(r: Request) -> RequestRecord:
@@ -375,10 +332,6 @@ def _row_record(r: Request) -> RequestRecord:
 
 
 def _request_json(r: Request) -> dict:
-    return {
-        "concurrency": r.concurrency, "trial": r.trial, "index": r.idx, "warmup": r.warmup,
-        "requested_input_tokens": r.requested_input_tokens, "requested_output_tokens": r.requested_output_tokens,
-        "send_ns": r.send_ns, "end_ns": r.end_ns, "token_delta_ns": decode_deltas(r.token_deltas).tolist(),
-        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "success": r.success,
-        "error": r.error,
-    }
+    out = schema.from_columns(schema.REQUEST, r)
+    out["token_delta_ns"] = decode_deltas(r.token_deltas).tolist()
+    return {s.name: out[s.name] for s in schema.REQUEST}  # in the schema's order

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import launch, recipes
+from k2bench.net import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -113,3 +113,40 @@ def test_missing_executable_is_a_server_error(tmp_path) -> None:
     with pytest.raises(ServerError, match="cannot start"):
         with server:
             pass
+
+
+def test_server_handle_reports_a_launched_servers_death(tmp_path) -> None:
+    """The sweep's handle: a launched server's exit is seen with its signal and log; an attached one has
+    no process to watch and never reads as dead."""
+    import signal
+
+    with launch.open_server(engine="testserver", model="m", log_dir=tmp_path) as handle:
+        assert handle.engine == "testserver" and handle.served_models == ["m"]
+        assert handle.url.startswith("http://127.0.0.1:") and handle.log_path.parent == tmp_path
+        assert "k2bench.harness.testserver" in handle.command
+        assert not handle.died() and handle.exit_status() is None and handle.death_note() is None
+        with launch.open_server(url=handle.url + "/v1/") as attached:
+            assert attached.url == handle.url and attached.engine == "external"
+            assert attached.served_models == ["m"]
+            assert attached.process is None and attached.log_path is None and attached.command is None
+            assert not attached.died() and attached.exit_status() is None
+        pid = handle.process.pid
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        handle.process.wait()
+        assert handle.died() and handle.exit_status() == -9
+        note = handle.death_note()
+        assert "was killed by signal 9 (SIGKILL)" in note and str(handle.log_path) in note
+        assert "# k2bench launch" in note  # the log's tail
+    assert handle.process is None and handle.exit_status() == -9  # stopped; the exit is remembered
+
+
+def test_exit_descriptions_name_codes_and_signals() -> None:
+    assert launch.describe_exit(0) == "exited with code 0"
+    assert launch.describe_exit(7) == "exited with code 7"
+    assert launch.describe_exit(-15) == "was killed by signal 15 (SIGTERM)"
+    assert launch.describe_exit(-200) == "was killed by signal 200"
+
+
+def test_open_server_needs_a_model_for_a_recipe_without_one(tmp_path) -> None:
+    with pytest.raises(UserError, match="--engine vllm needs --model"), launch.open_server(engine="vllm"):
+        pass

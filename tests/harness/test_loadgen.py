@@ -9,12 +9,13 @@ import os
 import urllib.request
 
 import pytest
-from conftest import free_port
 
 from k2bench.errors import ServerError
 from k2bench.harness import launch
-from k2bench.harness.loadgen import LevelSpec, Prompt, level_failure, probe, run, run_level
+from k2bench.harness.loadgen import LevelSpec, level_failure, probe, run, run_level
 from k2bench.harness.metrics import summarize_level
+from k2bench.net import free_port
+from k2bench.workloads.prompts import Prompt
 
 TTFT_MS, ITL_MS, OSL = 200.0, 15.0, 32
 

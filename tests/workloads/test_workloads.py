@@ -1,4 +1,4 @@
-"""Workloads: definitions, exact-length token prompts that avoid special ids, range ratio, text mode."""
+"""Workloads (k2bench.workloads): definitions, exact-length token prompts that avoid special ids, range ratio, text mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 
 from k2bench.errors import UserError
 from k2bench.harness import launch
+from k2bench.net import free_port
 from k2bench.workloads import loader
+from k2bench.workloads import prompts as prompts_mod
 
 
 def test_bundled_definitions_load() -> None:
@@ -43,9 +45,9 @@ def test_resolve_matches_definition_by_lengths_and_overrides() -> None:
 
 def test_token_prompts_exact_seeded_and_in_range() -> None:
     w = loader.Workload(name="t", isl=300, osl=20, token_id_range=(50, 60))
-    a = loader.token_prompts(w, 5, seed=1)
-    b = loader.token_prompts(w, 5, seed=1)
-    c = loader.token_prompts(w, 5, seed=2)
+    a = prompts_mod.token_prompts(w, 5, seed=1)
+    b = prompts_mod.token_prompts(w, 5, seed=1)
+    c = prompts_mod.token_prompts(w, 5, seed=2)
     assert [p.token_ids.tolist() for p in a] == [p.token_ids.tolist() for p in b]
     assert [p.token_ids.tolist() for p in a] != [p.token_ids.tolist() for p in c]
     for p in a:
@@ -57,18 +59,18 @@ def test_vocabulary_from_model_dir_avoids_special_tokens(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 40, "bos_token_id": 39, "eos_token_id": 38}))
     added = [{"id": i, "content": f"<s{i}>", "special": True} for i in range(4)]
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"vocab": {}}}))
-    vocab = loader.vocabulary_from_model_dir(tmp_path)
+    vocab = prompts_mod.vocabulary_from_model_dir(tmp_path)
     assert vocab is not None and vocab.special == [0, 1, 2, 3, 38, 39]
     w = loader.Workload(name="t", isl=2000, osl=4)
-    ids = np.array(loader.token_prompts(w, 3, vocab)[0].token_ids)
+    ids = np.array(prompts_mod.token_prompts(w, 3, vocab)[0].token_ids)
     assert ids.min() >= 4 and ids.max() <= 37
     assert len(np.unique(ids)) == 34  # every ordinary id shows up in 2000 draws from 34
-    assert loader.vocabulary_from_model_dir(tmp_path / "missing") is None
+    assert prompts_mod.vocabulary_from_model_dir(tmp_path / "missing") is None
 
 
 def test_range_ratio_as_inferencex_uses_it() -> None:
     w = loader.Workload(name="r", isl=1000, osl=100, range_ratio=0.8)
-    prompts = loader.token_prompts(w, 400)
+    prompts = prompts_mod.token_prompts(w, 400)
     ins = np.array([p.input_len for p in prompts])
     outs = np.array([p.output_len for p in prompts])
     assert ins.min() >= 800 and ins.max() <= 1000 and outs.min() >= 80 and outs.max() <= 100
@@ -86,7 +88,7 @@ def test_invalid_workloads_rejected(bad: dict) -> None:
 def test_text_mode_round_trips_through_server_tokenizer(tmp_path) -> None:
     w = loader.Workload(name="txt", isl=50, osl=8, mode="text")
     with launch.from_recipe("testserver", model="m", log_dir=tmp_path) as server:
-        prompts = loader.build_prompts(w, 3, base_url=server.base_url, model="m")
+        prompts = prompts_mod.build_prompts(w, 3, base_url=server.base_url, model="m")
         import urllib.request
 
         for p in prompts:
@@ -98,7 +100,7 @@ def test_text_mode_round_trips_through_server_tokenizer(tmp_path) -> None:
 
 def test_text_mode_without_server_is_a_user_error() -> None:
     with pytest.raises(UserError, match="need a server"):
-        loader.build_prompts(loader.Workload(name="txt", isl=5, osl=2, mode="text"), 1)
+        prompts_mod.build_prompts(loader.Workload(name="txt", isl=5, osl=2, mode="text"), 1)
 
 
 async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
@@ -107,7 +109,6 @@ async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
     import re
 
     from aiohttp import web
-    from conftest import free_port
 
     def detok(ids: list[int]) -> str:
         return "".join("ab" if i == 100 else chr(97 + i % 26) for i in ids)
@@ -131,9 +132,9 @@ async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         w = loader.Workload(name="merge", isl=400, osl=4, mode="text", token_id_range=(0, 2))  # only a/b
-        seeds = loader.token_prompts(w, 3)
+        seeds = prompts_mod.token_prompts(w, 3)
         assert any(len(tok(detok(p.token_ids))) < 400 for p in seeds)  # the naive round trip falls short
-        prompts = await loader._text_prompts(f"http://127.0.0.1:{port}", "m", seeds)
+        prompts = await prompts_mod._text_prompts(f"http://127.0.0.1:{port}", "m", seeds)
     finally:
         await runner.cleanup()
     for p in prompts:
@@ -144,7 +145,6 @@ async def test_text_mode_trims_and_pads_when_the_tokenizer_merges() -> None:
 async def test_text_mode_unusable_tokenizer_answer_is_a_server_error(answer: str) -> None:
     """A 200 that is not JSON, or JSON without the expected field, is one clear error, not a traceback."""
     from aiohttp import web
-    from conftest import free_port
 
     from k2bench.errors import ServerError
 
@@ -160,6 +160,6 @@ async def test_text_mode_unusable_tokenizer_answer_is_a_server_error(answer: str
     try:
         w = loader.Workload(name="txt", isl=5, osl=2, mode="text")
         with pytest.raises(ServerError, match="/detokenize did not answer a JSON object with 'prompt'"):
-            await loader._text_prompts(f"http://127.0.0.1:{port}", "m", loader.token_prompts(w, 1))
+            await prompts_mod._text_prompts(f"http://127.0.0.1:{port}", "m", prompts_mod.token_prompts(w, 1))
     finally:
         await runner.cleanup()

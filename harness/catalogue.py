@@ -1,0 +1,117 @@
+"""The metric catalogue: every per-level metric declared once, with what each reader needs.
+
+Metrics compute it (k2bench.harness.metrics), the gate judges it and the change-point scan
+follows it (analysis), `k2bench show` and the dashboard print and plot it. Each of them reads
+label, unit, direction, display decimals and the per-request sample from here, so a metric is
+never described twice.
+
+Repeated trials of one level (``sweep --trials K``) are reduced to one value per run with the
+**median**, everywhere (``over_trials``). The median keeps one disturbed trial (a noisy
+neighbour, a server hiccup) from dragging the run's figure, it is what the dashboard always
+showed, and with one or two trials it equals the mean, so single-trial histories do not move.
+The gate used the mean before: three trials 100, 100, 40 read as a 20% drop there and as no
+change on the dashboard; now both read 100. The price, under purely Gaussian noise, is a less
+efficient estimate from three trials: bench/regress_bench.py (1000 comparisons per cell, 5 baseline
+runs, 3 trials) detects a 10% step 74% of the time at 3% CV (86% with the mean) and 28% at 5% CV
+(37%); false positives stay at or below 0.1%.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+STAT_KEYS = ("mean", "median", "std", "p90", "p99", "p99.9")
+INTERACTIVITY_KEYS = ("median", "p90", "p99")
+
+# Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
+# gate's Mann-Whitney test: the sample has to move the same way as the metric.
+SAMPLE_RULES = ("output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms")
+
+TRIAL_AGGREGATION = "median"
+
+
+@dataclass(frozen=True)
+class Metric:
+    column: str  # name: the column of Store.points_frame
+    label: str  # long, for chart axes and pickers ("TTFT median (ms)")
+    short: str  # for tables and the gate's report ("TTFT p50")
+    unit: str
+    higher_is_better: bool
+    decimals: int = 1  # shown in tables
+    sample: str | None = None  # per-request sample rule (SAMPLE_RULES); None: no per-request test
+    gate: bool = False  # judged by the regression gate and scanned for change points
+    table: bool = False  # a column of the per-level tables (`k2bench show`, the dashboard's run page)
+
+    @property
+    def header(self) -> str:
+        """Table header: the short label, with the unit unless it already names it."""
+        return self.short if self.unit in self.short else f"{self.short} {self.unit}"
+
+    def format(self, value) -> str:
+        return "-" if value is None else f"{value:,.{self.decimals}f}"
+
+
+def stat_column(group: str, key: str) -> str:
+    """Column of one statistic of a nested group, e.g. ttft_ms_p99_9."""
+    return f"{group}_{key.replace('.', '_')}"
+
+
+def _stat_label(key: str) -> str:
+    return "p50" if key == "median" else key
+
+
+def _catalogue() -> tuple[Metric, ...]:
+    tput = "tok/s/GPU"
+    out = [
+        Metric("tput_per_gpu", f"Throughput ({tput})", tput, tput, True, sample="output_rate", gate=True,
+               table=True),
+        Metric("output_tput_per_gpu", f"Output throughput ({tput})", f"output {tput}", tput, True,
+               sample="output_rate", table=True),
+        Metric("input_tput_per_gpu", f"Input throughput ({tput})", f"input {tput}", tput, True),
+    ]
+    for key in INTERACTIVITY_KEYS:
+        suffix = "" if key == "median" else f" {key}"
+        out.append(Metric(stat_column("interactivity", key), f"Interactivity{suffix} (tok/s/user)",
+                          f"tok/s/user{suffix}", "tok/s/user", True, sample="inv_tpot",
+                          gate=key == "median", table=key == "median"))
+    names = {"ttft_ms": ("TTFT", "TTFT"), "tpot_ms": ("TPOT", "TPOT"), "itl_ms": ("ITL", "ITL"),
+             "e2el_ms": ("E2E latency", "E2EL")}  # (long, short)
+    gated = {("ttft_ms", "median"), ("ttft_ms", "p99"), ("tpot_ms", "median"), ("tpot_ms", "p99"),
+             ("e2el_ms", "median"), ("e2el_ms", "p99")}
+    shown = {("ttft_ms", "median"), ("ttft_ms", "p99"), ("tpot_ms", "median"), ("itl_ms", "p99"),
+             ("e2el_ms", "median")}
+    for group, (name, short_name) in names.items():
+        # itl has no per-request sample (gaps are pooled); a spread (std) does not move with a request's value
+        sample = None if group == "itl_ms" else group
+        for key in STAT_KEYS:
+            out.append(Metric(stat_column(group, key), f"{name} {key} (ms)", f"{short_name} {_stat_label(key)}",
+                              "ms", False,
+                              decimals=2 if group in ("tpot_ms", "itl_ms") else 1,
+                              sample=None if key == "std" else sample,
+                              gate=(group, key) in gated, table=(group, key) in shown))
+    return tuple(out)
+
+
+CATALOGUE: tuple[Metric, ...] = _catalogue()
+BY_COLUMN: dict[str, Metric] = {m.column: m for m in CATALOGUE}
+GATE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.gate)
+TABLE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.table)
+
+
+def over_trials(frame: pd.DataFrame, columns: Iterable[str], keys: Iterable[str] = ("run_id", "concurrency"),
+                ) -> pd.DataFrame:
+    """One row per ``keys`` group: each column reduced over trials with TRIAL_AGGREGATION."""
+    import pandas as pd
+
+    keys = list(keys)
+    cols = [c for c in columns if c in frame.columns and c not in keys]
+    values = frame[keys + cols].copy()
+    # a column that is None in every row arrives as objects: make it numbers (NaN) first
+    values[cols] = values[cols].apply(pd.to_numeric, errors="coerce")
+    return values.groupby(keys, as_index=False)[cols].agg(TRIAL_AGGREGATION)

@@ -1,0 +1,256 @@
+"""The one declaration of what a run, a level (point) and a request record hold.
+
+Each field is declared once, below, with its Python type, its check (``kind``), whether an
+imported document must carry it, its SQL column and its help text. Everything else is derived
+from these classes: the k2bench.run JSON reader and writer (runjson), the ORM tables
+(store.models), the DataFrames (store.frames), the fingerprint's field list, `k2bench show` and
+the dashboard's run tables. Adding a field is an edit here plus one Alembic migration.
+
+The JSON document carries ``"schema": "k2bench.run/<SCHEMA_VERSION>"``. A change to the fields
+bumps SCHEMA_VERSION and adds ``UPGRADES[old] = update_to_<old + 1>``, a function that turns a
+document of version ``old`` into one of ``old + 1`` (asv's pattern); the reader applies the chain
+to every older file, so files written before keep importing. A new optional field needs only the
+bump and an upgrade that returns the document unchanged.
+
+Kinds (a trailing ``?`` allows null): str, int, pos_int, nonneg_int, float (finite), ratio (0..1),
+bool, dict, json (object, list or string), str_list, int_list, time (ISO-8601, stored as naive
+UTC), status (one of RUN_STATUSES), stats (an object of the statistics in ``keys``, one Float
+column each, named ``<field>_<key>``).
+
+The in-memory record the load generator fills is k2bench.harness.records.RequestRecord (absolute
+stamps); ``Request`` here is its stored and exported form (stamps as deltas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, String, Text
+from sqlalchemy.types import TypeEngine
+
+from k2bench.errors import UserError
+from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
+
+SCHEMA_PREFIX = "k2bench.run/"
+SCHEMA_VERSION = 1
+# UPGRADES[n] turns a version-n document into version n + 1 (e.g. {1: update_to_2}).
+UPGRADES: dict[int, Callable[[dict], dict]] = {}
+
+RUN_STATUSES = ("running", "complete", "partial", "failed")
+NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one field is checked, stored and shown."""
+
+    kind: str
+    sql: TypeEngine | None  # None: not a plain column (the store keeps it another way)
+    help: str
+    required: bool = False  # an imported document must carry it
+    nullable: bool = True  # the column may hold NULL (``default`` fills an absent value)
+    default: object = None  # the value when the document leaves it out or null
+    column: str | None = None  # column name, when it differs from the field name
+    index: bool = False
+    fingerprint: bool = False  # part of the configuration fingerprint (see k2bench.harness.fingerprint)
+    keys: tuple[str, ...] = ()  # kind "stats": the statistics
+    label: str | None = None  # per-level numbers with a label are columns of the per-level tables
+    decimals: int = 0
+    name: str = ""  # filled from the class attribute
+
+    @property
+    def base(self) -> str:
+        return self.kind.rstrip("?")
+
+    @property
+    def column_name(self) -> str:
+        return self.column or self.name
+
+    @property
+    def numeric(self) -> bool:
+        return self.base in NUMERIC_KINDS
+
+    def columns(self) -> list[str]:
+        """The column(s) this field occupies (none when sql is None)."""
+        if self.sql is None:
+            return []
+        if self.base == "stats":
+            return [stat_column(self.name, k) for k in self.keys]
+        return [self.column_name]
+
+
+def col(kind: str, sql: TypeEngine | None, help: str, **options) -> dataclasses.Field:  # noqa: A002
+    return dataclasses.field(default=None, metadata={"spec": Spec(kind, sql, help, **options)})
+
+
+def _stats(help: str, keys: tuple[str, ...] = STAT_KEYS) -> dataclasses.Field:  # noqa: A002
+    return col("stats", Float(), help, keys=keys)
+
+
+@dataclass
+class Run:
+    """One invocation of a benchmark against one server configuration."""
+
+    id: int | None = col("int?", None, "database id (assigned by the store; ignored on import)")
+    commit: str | None = col("str?", String(64), "commit of the code under test")
+    branch: str | None = col("str?", String(255), "branch of the code under test")
+    engine: str = col("str", String(255), "serving engine (atom, vllm, sglang, k2bench, ...)",
+                      required=True, nullable=False, fingerprint=True)
+    engine_version: str | None = col("str?", String(255), "engine version", fingerprint=True)
+    engine_flags: dict | list | str | None = col("json?", JSON(), "engine flags as launched", fingerprint=True)
+    server_command: str | None = col("str?", Text(), "the server's command line")
+    model: str = col("str", String(512), "model name or path", required=True, nullable=False, fingerprint=True)
+    precision: str | None = col("str?", String(64), "weight precision (mxfp4, bf16, ...)", fingerprint=True)
+    hardware: str | None = col("str?", String(255), "accelerator model", fingerprint=True)
+    num_gpus: int = col("pos_int", Integer(), "GPUs of the server under test (tp x pp x dp)",
+                        required=True, nullable=False, fingerprint=True)
+    tp: int | None = col("pos_int?", Integer(), "tensor-parallel size", fingerprint=True)
+    workload: str | None = col("str?", String(255), "workload name (8k1k, ...)", fingerprint=True)
+    isl: int | None = col("pos_int?", Integer(), "input sequence length, tokens", fingerprint=True)
+    osl: int | None = col("pos_int?", Integer(), "output sequence length, tokens", fingerprint=True)
+    range_ratio: float | None = col("ratio?", Float(), "allowed length spread (1.0 = exact lengths)",
+                                    fingerprint=True)
+    fingerprint: str | None = col("str?", String(64), "configuration hash (computed when absent)",
+                                  nullable=False, index=True)
+    started_at: str = col("time", DateTime(), "start, UTC", required=True, nullable=False, index=True)
+    finished_at: str | None = col("time?", DateTime(), "end, UTC")
+    status: str = col("status", String(16), "running, complete, partial or failed",
+                      required=True, nullable=False, index=True)
+    tags: dict | None = col("dict?", JSON(), "free-form labels")
+    trials: int | None = col("pos_int?", Integer(), "repeats of each level", nullable=False, default=1)
+    client: dict | None = col("dict?", JSON(), "the measuring client (k2bench version, host)")
+    notes: str | None = col("str?", Text(), "free text")
+    extra: dict | None = col("dict?", JSON(), "free-form data")
+
+
+@dataclass
+class Point:
+    """One level: a concurrency (and trial) measured after warmup, summarised."""
+
+    concurrency: int = col("pos_int", Integer(), "requests in flight", required=True, nullable=False)
+    trial: int | None = col("nonneg_int?", Integer(), "repeat number", nullable=False, default=0)
+    num_prompts: int = col("nonneg_int", Integer(), "measured requests", required=True, nullable=False)
+    completed: int = col("nonneg_int", Integer(), "successful requests", required=True, nullable=False)
+    failed: int = col("nonneg_int", Integer(), "failed requests", required=True, nullable=False)
+    osl_mismatches: int | None = col("nonneg_int?", Integer(), "requests whose output length differed from OSL",
+                                     nullable=False, default=0)
+    errors: list[str] | None = col("str_list?", JSON(), "first error messages", default=[])
+    duration_s: float | None = col("float?", Float(), "first send to last finish, s", label="duration s",
+                                   decimals=1)
+    input_tokens: int | None = col("nonneg_int?", BigInteger(), "input tokens of completed requests")
+    output_tokens: int | None = col("nonneg_int?", BigInteger(), "output tokens of completed requests")
+    tput_per_gpu: float | None = col("float?", Float(), "(input + output tokens) / duration / GPUs")
+    output_tput_per_gpu: float | None = col("float?", Float(), "output tokens / duration / GPUs")
+    input_tput_per_gpu: float | None = col("float?", Float(), "input tokens / duration / GPUs")
+    extra: dict | None = col("dict?", JSON(), "free-form data")
+    interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
+    ttft_ms: dict | None = _stats("time to first token, ms")
+    tpot_ms: dict | None = _stats("time per output token after the first, ms")
+    itl_ms: dict | None = _stats("gaps between token messages, ms")
+    e2el_ms: dict | None = _stats("request sent to last token, ms")
+
+
+@dataclass
+class Request:
+    """One request's raw stamps, as stored and exported (k2bench.harness.records holds the live form)."""
+
+    concurrency: int = col("pos_int", Integer(), "its level's concurrency", required=True, nullable=False)
+    trial: int | None = col("nonneg_int?", Integer(), "its level's trial", nullable=False, default=0)
+    index: int = col("nonneg_int", Integer(), "position in its level (warmup included)", required=True,
+                     nullable=False, column="idx")
+    warmup: bool = col("bool", Boolean(), "a warmup request (not measured)", required=True, nullable=False)
+    requested_input_tokens: int = col("nonneg_int", Integer(), "prompt length asked for", required=True,
+                                      nullable=False)
+    requested_output_tokens: int = col("nonneg_int", Integer(), "max_tokens asked for", required=True,
+                                       nullable=False)
+    send_ns: int = col("int", BigInteger(), "client monotonic ns before sending", required=True, nullable=False)
+    end_ns: int | None = col("int?", BigInteger(), "stream end, monotonic ns")
+    token_delta_ns: list[int] = col("int_list", None, "ns from send to the first token message, then between "
+                                    "messages (stored compressed, see store.codec)", required=True)
+    prompt_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.prompt_tokens")
+    output_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.completion_tokens")
+    success: bool = col("bool", Boolean(), "completed without error", required=True, nullable=False)
+    error: str | None = col("str?", Text(), "first error message")
+
+
+def specs(cls: type) -> tuple[Spec, ...]:
+    return tuple(dataclasses.replace(f.metadata["spec"], name=f.name) for f in dataclasses.fields(cls))
+
+
+RUN: tuple[Spec, ...] = specs(Run)
+POINT: tuple[Spec, ...] = specs(Point)
+REQUEST: tuple[Spec, ...] = specs(Request)
+
+FINGERPRINT_FIELDS: tuple[str, ...] = tuple(s.name for s in RUN if s.fingerprint)
+# Short run fields (no free text or JSON): what frames join to each level and tables list.
+RUN_SUMMARY_FIELDS: tuple[str, ...] = tuple(
+    s.name for s in RUN if s.sql is not None and not isinstance(s.sql, (JSON, Text)))
+LEVEL_KEYS = ("concurrency", "trial")
+# Per-level numbers stored as plain columns (the levels' own counts and rates).
+LEVEL_NUMBERS: tuple[str, ...] = tuple(s.name for s in POINT if s.numeric and s.name not in LEVEL_KEYS)
+# Flat columns of a level: what Store.points_frame returns besides the run fields.
+POINT_COLUMNS: tuple[str, ...] = tuple(
+    c for s in POINT if s.sql is not None and not isinstance(s.sql, JSON) for c in s.columns())
+LEVEL_TABLE_FIELDS: tuple[Spec, ...] = tuple(s for s in POINT if s.label)
+
+
+# ---------------------------------------------------------------- times
+
+
+def format_time(dt: datetime | None) -> str | None:
+    """Canonical UTC ISO-8601 text, e.g. 2026-11-29T18:57:30.000000Z."""
+    if dt is None:
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str, where: str = "time") -> datetime:
+    """ISO-8601 text -> aware UTC datetime (text without an offset is taken as UTC)."""
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: not an ISO-8601 time: {text!r}") from None
+    if dt.tzinfo is None:
+        return dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc)
+
+
+# ---------------------------------------------------------------- to and from columns
+
+
+def to_columns(fields: tuple[Spec, ...], obj: dict) -> dict:
+    """A validated object -> {column: value} for every plain column of its fields."""
+    out = {}
+    for s in fields:
+        if s.sql is None:
+            continue
+        value = obj.get(s.name)
+        if s.base == "stats":
+            value = value or {}
+            out.update({stat_column(s.name, k): value.get(k) for k in s.keys})
+        elif s.base == "time":
+            out[s.column_name] = None if value is None else parse_time(value).replace(tzinfo=None)
+        else:
+            out[s.column_name] = value
+    return out
+
+
+def from_columns(fields: tuple[Spec, ...], row) -> dict:
+    """An ORM row (attributes named as columns) -> the object's plain-column fields."""
+    out = {}
+    for s in fields:
+        if s.sql is None:
+            continue
+        if s.base == "stats":
+            out[s.name] = {k: getattr(row, stat_column(s.name, k)) for k in s.keys}
+        elif s.base == "time":
+            value = getattr(row, s.column_name)
+            out[s.name] = None if value is None else format_time(value.replace(tzinfo=timezone.utc))
+        else:
+            out[s.name] = getattr(row, s.column_name)
+    return out

@@ -1,0 +1,139 @@
+"""The folders' import rules (DESIGN.md, "One boundary that matters"), read from the source with `ast`.
+
+- engine/ and workloads/ never import k2bench.harness or k2bench.dashboard (no folder-level cycles);
+- harness/ reaches k2bench.engine only through the thin CLI doors harness/commands/serve.py and
+  harness/commands/engine.py, and there only inside functions (so the harness installs and starts
+  without torch);
+- dashboard/ never imports k2bench.engine.
+
+Every import statement counts, wherever it sits (TYPE_CHECKING blocks and functions included), as does
+`importlib.import_module("<constant>")`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("engine", "workloads", "harness", "dashboard")  # each is the package k2bench.<folder>
+ENGINE_DOORS = ("harness/commands/serve.py", "harness/commands/engine.py")
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str  # relative to ROOT
+    line: int
+    module: str  # absolute dotted name
+    top_level: bool  # executed when the module is imported (not inside a function)
+
+
+def _package_of(rel: str) -> list[str]:
+    """The package a file's relative imports start from: k2bench.<folder>.<subfolders>."""
+    return ["k2bench", *Path(rel).parts[:-1]]
+
+
+def imports_of(source: str, rel: str) -> list[Import]:
+    tree = ast.parse(source, filename=rel)
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend(Import(rel, child.lineno, alias.name, not in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    package = _package_of(rel)
+                    base = package[: len(package) - (child.level - 1)]
+                    module = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    module = child.module or ""
+                # `from k2bench import harness` imports k2bench.harness: record each name as a module too
+                found.append(Import(rel, child.lineno, module, not in_function))
+                found.extend(Import(rel, child.lineno, f"{module}.{alias.name}", not in_function)
+                             for alias in child.names)
+            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                  and child.func.attr == "import_module" and child.args
+                  and isinstance(child.args[0], ast.Constant) and isinstance(child.args[0].value, str)):
+                found.append(Import(rel, child.lineno, child.args[0].value, not in_function))
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def violations(imports: list[Import]) -> list[str]:
+    """One line per import statement that breaks a rule."""
+    bad: dict[tuple[str, int], str] = {}
+    for imp in imports:
+        folder = imp.file.split("/", 1)[0]
+        where = f"{imp.file}:{imp.line} imports {imp.module}"
+        if folder in ("engine", "workloads"):
+            for other in ("k2bench.harness", "k2bench.dashboard"):
+                if _under(imp.module, other):
+                    bad.setdefault((imp.file, imp.line), f"{where}: {folder}/ must not import {other}")
+        if folder == "dashboard" and _under(imp.module, "k2bench.engine"):
+            bad.setdefault((imp.file, imp.line), f"{where}: the dashboard must not import the engine")
+        if folder == "harness" and _under(imp.module, "k2bench.engine"):
+            if imp.file not in ENGINE_DOORS:
+                bad.setdefault((imp.file, imp.line), f"{where}: the harness reaches the engine only through "
+                               f"`k2bench serve` / `k2bench engine` ({', '.join(ENGINE_DOORS)})")
+            elif imp.top_level:
+                bad.setdefault((imp.file, imp.line),
+                               f"{where}: import the engine inside a function (lazily), not at module level")
+    return list(bad.values())
+
+
+def scan(root: Path = ROOT) -> list[Import]:
+    found = []
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            found.extend(imports_of(path.read_text(encoding="utf-8"), rel))
+    return found
+
+
+def test_the_tree_keeps_the_import_rules() -> None:
+    found = scan()
+    assert len({imp.file for imp in found}) > 40  # the scan really read the folders
+    assert violations(found) == []
+
+
+@pytest.mark.parametrize(("rel", "source", "complaint"), [
+    ("engine/config.py", "from k2bench.harness.errors import UserError\n", "engine/ must not import k2bench.harness"),
+    ("engine/model/layers.py", "from ...harness import loadgen\n", "engine/ must not import k2bench.harness"),
+    ("workloads/loader.py", "def f():\n    from k2bench.harness.loadgen import Prompt\n",
+     "workloads/ must not import k2bench.harness"),
+    ("workloads/loader.py", "from k2bench import dashboard\n", "workloads/ must not import k2bench.dashboard"),
+    ("workloads/loader.py", "import importlib\nimportlib.import_module('k2bench.harness.cli')\n",
+     "workloads/ must not import k2bench.harness"),
+    ("engine/server.py", "import k2bench.dashboard.data\n", "engine/ must not import k2bench.dashboard"),
+    ("harness/sweep.py", "from k2bench.engine.tiny import write_tiny_checkpoint\n", "only through"),
+    ("harness/analysis/regress.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from k2bench.engine import config\n", "only through"),
+    ("harness/commands/serve.py", "from k2bench.engine.build import build_engine\n", "inside a function"),
+    ("dashboard/app.py", "def page():\n    import k2bench.engine.runtime_config\n",
+     "dashboard must not import the engine"),
+])
+def test_a_forbidden_import_is_caught(rel: str, source: str, complaint: str) -> None:
+    found = violations(imports_of(source, rel))
+    assert len(found) == 1 and rel in found[0] and complaint in found[0]
+
+
+@pytest.mark.parametrize(("rel", "source"), [
+    ("harness/commands/serve.py", "def register(sub):\n    from k2bench.engine.runtime_config import RuntimeConfig\n"),
+    ("harness/sweep.py", "from k2bench.workloads.prompts import Prompt\nfrom k2bench.errors import UserError\n"),
+    ("engine/server.py", "from k2bench.errors import UserError\nfrom k2bench.net import free_port\n"),
+    ("dashboard/data.py", "from k2bench.harness.store import Store\n"),
+    ("workloads/prompts.py", "from k2bench.workloads.loader import Workload\nfrom .loader import Workload\n"),
+])
+def test_allowed_imports_pass(rel: str, source: str) -> None:
+    assert violations(imports_of(source, rel)) == []
