@@ -35,9 +35,18 @@ from k2bench.errors import UserError
 from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
-SCHEMA_VERSION = 1
-# UPGRADES[n] turns a version-n document into version n + 1 (e.g. {1: update_to_2}).
-UPGRADES: dict[int, Callable[[dict], dict]] = {}
+SCHEMA_VERSION = 2
+
+
+def update_to_2(doc: dict) -> dict:
+    """Version 2 adds per-level energy, cost, server metrics and their flat figures (j_per_token,
+    tokens_per_j, usd_per_mtok, usd_per_mtok_output, pct_roofline): all optional, so a version-1
+    level reads as not measured (null)."""
+    return doc
+
+
+# UPGRADES[n] turns a version-n document into version n + 1.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
@@ -146,6 +155,19 @@ class Point:
     output_tput_per_gpu: float | None = col("float?", Float(), "output tokens / duration / GPUs")
     input_tput_per_gpu: float | None = col("float?", Float(), "input tokens / duration / GPUs")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    # v2: what the level cost and what the server saw (k2bench.harness.telemetry)
+    energy: dict | None = col("dict?", JSON(), "GPU power and energy over the measured window: per-GPU power, "
+                              "clocks, joules, power_valid and its reason, raw samples (null without GPU telemetry)")
+    cost: dict | None = col("dict?", JSON(), "gpu_hour_usd, usd_per_mtok, usd_per_mtok_output, price_source "
+                            "(null without a price)")
+    server_metrics: dict | None = col("dict?", JSON(), "the server's /metrics over the measured window: counters "
+                                      "(name -> delta), gauges (name -> {mean, max}), raw gauge series")
+    j_per_token: float | None = col("float?", Float(), "joules per token (input + output); power_valid levels only")
+    tokens_per_j: float | None = col("float?", Float(), "tokens (input + output) per joule; power_valid levels only")
+    usd_per_mtok: float | None = col("float?", Float(), "US$ per million tokens (input + output) at gpu_hour_usd")
+    usd_per_mtok_output: float | None = col("float?", Float(), "US$ per million output tokens at gpu_hour_usd")
+    pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
+                                     "concurrency (run extra.roofline)")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")

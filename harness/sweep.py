@@ -10,6 +10,7 @@ and the run is marked partial; a run with no finished level is marked failed.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from k2bench.harness import launch, provenance
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord
+from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
 
@@ -53,6 +55,7 @@ class SweepConfig:
     log_dir: str = "results/logs"
     api_key: str | None = None
     notes: str | None = None
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -84,6 +87,7 @@ class SweepConfig:
             raise UserError("--timeout must be positive")
         if not self.levels:
             raise UserError("--conc gave no levels")
+        self.telemetry.validate()
 
 
 @dataclass
@@ -126,6 +130,33 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+@contextlib.contextmanager
+def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir: Path | None,
+               say: Callable[[str], None]) -> Iterator[LevelTelemetry]:
+    """The run's telemetry (GPU power, the server's /metrics, the price, the roofline), recorded in
+    the run's extra before the run is created; closed when the sweep ends."""
+    from k2bench.harness.telemetry import roofline
+
+    try:
+        roof, why = roofline.for_run(model_dir, meta["hardware"], tp=cfg.tp, isl=meta["isl"], osl=meta["osl"],
+                                     levels=tuple(cfg.levels), num_gpus=meta["num_gpus"])
+    except UserError as exc:  # a model the byte/FLOP model does not describe: the sweep still runs
+        roof, why = None, f"roofline off: {exc}"
+    if why:
+        say(why)
+    server_env = {**os.environ, **(srv.launched.env if srv.launched else {})}
+    tel = LevelTelemetry(cfg.telemetry, base_url=srv.url, server_env=server_env, hardware=meta["hardware"],
+                         api_key=cfg.api_key, say=say, roof=roof)
+    meta["extra"]["telemetry"] = tel.run_meta()
+    if why:
+        meta["extra"]["telemetry"]["notes"]["roofline"] = why
+    meta["extra"]["roofline"] = roof
+    try:
+        yield tel
+    finally:
+        tel.close()
+
+
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
@@ -139,7 +170,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     status = "failed"
     meta: dict = {}
     try:
-        with _sigterm_as_interrupt(), launch.open_server(
+        with _sigterm_as_interrupt(), contextlib.ExitStack() as stack, launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
                 log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key, say=say) as srv:
             served = srv.served_models
@@ -165,6 +196,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                           "request_model": request_model, "prompt_mode": w.mode,
                           "vocabulary": vocab.source if vocab else None, "versions": provenance.versions()},
             }
+            tel = stack.enter_context(_telemetry(cfg, srv, meta, model_dir, say))
             if cfg.commit is None and meta["commit"] and provenance.git_dirty():
                 meta["extra"]["git_dirty"] = True
                 say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
@@ -182,12 +214,16 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
                                      num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    records = run_async(run_level(spec, prompts, on_done))
+                    try:
+                        records = run_async(run_level(spec, prompts, on_done, on_window=(tel.begin, tel.end)))
+                    finally:
+                        tel.abort()  # a level cut short leaves no window open (a no-op after end())
                     reason = level_failure(records)
                     if reason:
                         died = srv.death_note()
                         raise ServerError(f"concurrency {conc}: {reason}" + (f"\n{died}" if died else ""))
                     point = summarize_level(records, concurrency=conc, num_gpus=num_gpus, trial=trial)
+                    point.update(tel.fields(point))
                     store.add_point(run_id, point, records)
                     points.append(point)
                     if events.level_done:

@@ -147,6 +147,8 @@ def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str |
         df = df[df["success"].astype(bool)]
     if rule == "output_rate":  # tokens per second of one request: throughput at fixed concurrency
         vals = df["output_tokens"].astype(float) / df["e2el_ms"].astype(float)
+    elif rule == "inv_output_rate":  # time per output token of one request: cost per token at one price
+        vals = df["e2el_ms"].astype(float) / df["output_tokens"].astype(float)
     elif rule == "inv_tpot":
         vals = 1000.0 / df["tpot_ms"].astype(float)
     else:

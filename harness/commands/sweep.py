@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout (default 1800)")
     rec = p.add_argument_group("recording")
     add_db_arg(rec)
-    rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run/1 JSON")
+    rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run JSON")
     rec.add_argument("--commit", help="commit measured (default: git HEAD, if in a git checkout)")
     rec.add_argument("--branch", help="branch measured (default: the current git branch)")
     rec.add_argument("--tag", action="append", metavar="KEY=VALUE", help="free-form tag (repeatable)")
@@ -60,6 +60,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--precision", help="weight precision to record (default: from the model or recipe)")
     rec.add_argument("--hardware", help="hardware name to record (default: detected)")
     rec.add_argument("--notes", help="free text stored with the run")
+    tel = p.add_argument_group("telemetry (energy, cost, the server's own metrics)")
+    tel.add_argument("--gpu-ids", default=None, metavar="0,1,...",
+                     help="GPUs to read power from (default: the server's CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, "
+                          "else all; needs the gpu extra or amdsmi)")
+    tel.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
+                     help="price of one GPU-hour for $ per million tokens (default: the shipped table's price "
+                          "for the recorded hardware, if it has one)")
+    tel.add_argument("--no-telemetry", action="store_true",
+                     help="read neither GPU power nor the server's /metrics")
     p.set_defaults(handler=_sweep)
 
 
@@ -128,6 +137,7 @@ def parse_tags(items: list[str] | None) -> dict[str, str]:
 
 def _config(args: argparse.Namespace):
     from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.telemetry.level import TelemetryConfig
     from k2bench.workloads import loader
 
     for name in ("isl", "osl"):
@@ -145,6 +155,8 @@ def _config(args: argparse.Namespace):
         server_args=args.server_args, precision=args.precision, hardware=args.hardware,
         ready_timeout_s=args.ready_timeout, notes=args.notes,
         api_key=args.api_key or os.environ.get("K2BENCH_API_KEY") or None,
+        telemetry=TelemetryConfig(gpu=not args.no_telemetry, server_metrics=not args.no_telemetry,
+                                  gpu_ids=args.gpu_ids, gpu_hour_usd=args.gpu_hour_usd),
     )
 
 

@@ -125,6 +125,21 @@ class ServerMetricsWindow:
     def available(self) -> bool:
         return self.note is None
 
+    @property
+    def is_open(self) -> bool:
+        return self._thread is not None
+
+    def probe(self) -> bool:
+        """One scrape to learn whether the server has a usable /metrics (sets `note` once if not)."""
+        if not self.available:
+            return False
+        try:
+            self._scrape(self.url)
+        except ScrapeError as exc:
+            self.note = f"server metrics off: {exc}"
+            return False
+        return True
+
     def begin(self) -> bool:
         """Start a window; False (and `note` set, once) when the server has no usable /metrics."""
         if not self.available:

@@ -145,3 +145,17 @@ def test_committed_fixtures_are_what_the_generator_makes():
     spec.loader.exec_module(mod)
     for name, scenario in mod.scenarios().items():
         assert load_fixture(name) == json.loads(json.dumps(scenario)), name
+
+
+def test_cost_is_judged_on_each_requests_time_per_output_token():
+    """$/Mtok rises when requests take longer per output token: its sample moves the same way."""
+    import pandas as pd
+
+    from k2bench.harness.analysis.regress import request_samples
+    from k2bench.harness.catalogue import BY_COLUMN
+
+    reqs = pd.DataFrame({"concurrency": [4, 4, 4, 8], "success": [True, True, False, True],
+                         "output_tokens": [100, 50, 100, 10], "e2el_ms": [1000.0, 1000.0, 5.0, 1.0]})
+    rule = BY_COLUMN["usd_per_mtok"].sample
+    assert list(request_samples(reqs, 4, rule)) == [10.0, 20.0]  # failed requests and other levels left out
+    assert BY_COLUMN["usd_per_mtok"].higher_is_better is False

@@ -62,6 +62,7 @@ def test_one_window_gives_energy_cost_and_the_servers_counters():
         running.set(4)
         assert src.enough.wait(60)
         tel.end()
+        tel.abort()  # after a normal end: keeps the window's results
     point = {"input_tokens": 320, "output_tokens": 80, "tput_per_gpu": 1000.0, "output_tput_per_gpu": 200.0}
     f = tel.fields(point)
     tel.close()
@@ -72,6 +73,11 @@ def test_one_window_gives_energy_cost_and_the_servers_counters():
     assert f["energy"]["energy_j"] == pytest.approx(2 * 7.0 * (n - 1))  # two GPUs' counters
     assert f["energy"]["j_per_token"] == pytest.approx(f["energy"]["energy_j"] / 400)
     assert f["cost"]["usd_per_mtok"] == pytest.approx(1.0) and f["cost"]["usd_per_mtok_output"] == pytest.approx(5.0)
+    # the flat figures the catalogue follows are the nested ones (energy only when power_valid)
+    assert f["energy"]["power_valid"] is True
+    assert (f["j_per_token"], f["tokens_per_j"]) == (f["energy"]["j_per_token"], f["energy"]["tokens_per_j"])
+    assert (f["usd_per_mtok"], f["usd_per_mtok_output"]) == (pytest.approx(1.0), pytest.approx(5.0))
+    assert f["pct_roofline"] is None  # no roofline given
     meta = tel.run_meta()
     assert meta["gpus"] == [{"id": "0", "name": "Fake"}, {"id": "1", "name": "Fake"}]
     assert meta["gpu_hour_usd"] == 3.6 and meta["notes"] == {}
@@ -87,7 +93,9 @@ def test_sources_that_are_off_give_null_fields_and_one_note_each(monkeypatch):
         tel.begin()
         tel.end()
         f = tel.fields({"input_tokens": 10, "output_tokens": 10, "tput_per_gpu": 5.0, "output_tput_per_gpu": 2.5})
-        assert f == {"energy": None, "cost": None, "server_metrics": None}
+        assert set(f) == {"energy", "cost", "server_metrics", "j_per_token", "tokens_per_j", "usd_per_mtok",
+                          "usd_per_mtok_output", "pct_roofline"}
+        assert all(v is None for v in f.values())
     tel.close()
     assert len(notes) == 3, notes  # GPU, price, /metrics: once each, not per level
     assert set(tel.run_meta()["notes"]) == {"gpu", "cost", "server_metrics"}
@@ -116,3 +124,29 @@ def test_no_telemetry_and_an_aborted_window():
 def test_bad_settings_are_user_errors(field, value, message):
     with pytest.raises(UserError, match=message):
         TelemetryConfig(**{field: value}).validate()
+
+
+def test_an_invalid_power_window_keeps_its_numbers_nested_but_not_flat():
+    src = FakeSource(n=2, fail_at=2, reads_wanted=5)  # GPU 1 misses its second reading
+    roof = {"points": [{"concurrency": 8, "tput_per_gpu": 4000.0, "interactivity": 50.0}]}
+    tel = LevelTelemetry(TelemetryConfig(server_metrics=False, gpu_hz=200.0), base_url="http://127.0.0.1:1",
+                         server_env={}, hardware=None, source=src, roof=roof)
+    tel.begin()
+    assert src.enough.wait(60)
+    tel.end()
+    f = tel.fields({"concurrency": 8, "input_tokens": 80, "output_tokens": 20, "tput_per_gpu": 1000.0,
+                    "interactivity": {"median": 10.0}})
+    tel.close()
+    assert f["energy"]["power_valid"] is False and "GPU 1 missing" in f["energy"]["reason"]
+    assert f["energy"]["j_per_token"] is not None
+    assert f["j_per_token"] is None and f["tokens_per_j"] is None
+    assert f["pct_roofline"] == pytest.approx(25.0)
+
+
+def test_a_remote_server_turns_gpu_reading_off_unless_ids_are_given():
+    from k2bench.harness.telemetry.level import is_local
+
+    assert is_local("http://127.0.0.1:8000") and is_local("localhost:9") and not is_local("http://192.0.2.7:8000")
+    tel = LevelTelemetry(TelemetryConfig(server_metrics=False), base_url="http://192.0.2.7:8000", server_env={},
+                         hardware=None)
+    assert "not on this machine" in tel.notes["gpu"] and tel.sampler is None
