@@ -191,6 +191,8 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
         for m in METRICS:
             if m.column not in cand.columns or m.column not in base.columns:
                 continue
+            if cand[m.column].isna().all() and base[m.column].isna().all():
+                continue  # not measured on either side (e.g. J/token without GPU telemetry): not applicable
             verdicts.append(_verdict(m, int(conc), cand, base, c_run, b_run, h_run, cand_requests,
                                      base_requests, cfg))
     fv = _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)
