@@ -45,3 +45,9 @@ def change_points(url: str, fingerprint: str, branch: str | None) -> pd.DataFram
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run(url: str, run_id: int) -> dict:
     return store(url).get_run(run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def levels(url: str, run_id: int) -> list[dict]:
+    """A run's levels with every field, nested ones included (energy, server metrics: the timelines)."""
+    return store(url).export_run(run_id)["points"]

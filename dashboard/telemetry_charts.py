@@ -64,7 +64,7 @@ def gpu_timeline(points: list[dict], field: str = "power_w", title: str | None =
              "mem_clock_mhz": ("memory clock", "MHz"), "temp_c": ("temperature", "°C"),
              "util_pct": ("utilisation", "%"), "mem_used_mib": ("memory used", "MiB")}
     name, unit = names.get(field, (field, ""))
-    return _layout(fig, title or f"{name.capitalize()} per GPU", f"{name} ({unit})" if unit else name)
+    return _layout(fig, title or f"{name[0].upper()}{name[1:]} per GPU", f"{name} ({unit})" if unit else name)
 
 
 def server_timeline(points: list[dict], which: str = "kv") -> go.Figure | None:
@@ -90,3 +90,27 @@ def server_timeline(points: list[dict], which: str = "kv") -> go.Figure | None:
     if which == "kv":
         return _layout(fig, "Server KV-cache usage", "fraction of KV cache in use")
     return _layout(fig, "Server queue", "requests")
+
+
+def roofline_figure(points: list[dict], roof: dict) -> go.Figure:
+    """The run's levels (tok/s/GPU against tok/s/user) beside its roofline curve, each level labelled
+    with its share of the limit at its concurrency."""
+    fig = go.Figure()
+    curve = sorted(roof["points"], key=lambda p: p["interactivity"])
+    fig.add_trace(go.Scatter(x=[p["interactivity"] for p in curve], y=[p["tput_per_gpu"] for p in curve],
+                             mode="lines+markers", name=f"roofline ({roof['hardware']}, {roof.get('dtype', '')})",
+                             text=[f"c{p['concurrency']}" for p in curve], marker={"size": 5, "color": "black"},
+                             line={"dash": "dash", "color": "black"},
+                             hovertemplate="%{text}: %{y:.4g} tok/s/GPU at %{x:.4g} tok/s/user<extra>limit</extra>"))
+    measured = [p for p in points if p.get("tput_per_gpu") and (p.get("interactivity") or {}).get("median")]
+    fig.add_trace(go.Scatter(
+        x=[p["interactivity"]["median"] for p in measured], y=[p["tput_per_gpu"] for p in measured],
+        mode="markers+text", name="measured", marker={"size": 9, "color": PALETTE[0]},
+        text=[f"c{p['concurrency']}" + (f" ({p['pct_roofline']:.0f}%)" if p.get("pct_roofline") is not None else "")
+              for p in measured], textposition="top center"))
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    fig.add_annotation(text=f"limit from {roof['source']}", xref="paper", yref="paper", x=0, y=1.02,
+                       showarrow=False, xanchor="left", yanchor="bottom", font={"size": 10})
+    return _layout(fig, "Measured levels against the roofline", "tok/s/GPU").update_xaxes(
+        title="Interactivity (tok/s/user)")

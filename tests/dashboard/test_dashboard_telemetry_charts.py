@@ -40,3 +40,18 @@ def test_server_gauges_and_absent_samples():
     assert [t.name for t in tc.server_timeline(points, "kv").data] == ["vllm:kv_cache_usage_perc"]
     bare = [{"concurrency": 4, "energy": None, "server_metrics": None}]
     assert tc.gpu_timeline(bare) is None and tc.server_timeline(bare) is None
+
+
+def test_titles_keep_their_acronyms_and_the_roofline_labels_each_levels_share():
+    points = [_point(4, [0.0, 0.1], [[100.0, 110.0]], {})]
+    assert tc.gpu_timeline(points).layout.title.text == "GPU power per GPU"
+    assert tc.gpu_timeline(points, "sm_clock_mhz").layout.title.text == "SM clock per GPU"
+    roof = {"hardware": "H200", "dtype": "bf16", "source": "datasheet",
+            "points": [{"concurrency": 4, "tput_per_gpu": 100.0, "interactivity": 50.0},
+                       {"concurrency": 1, "tput_per_gpu": 30.0, "interactivity": 90.0}]}
+    levels = [{"concurrency": 4, "tput_per_gpu": 40.0, "interactivity": {"median": 20.0}, "pct_roofline": 40.0},
+              {"concurrency": 8, "tput_per_gpu": None, "interactivity": {"median": None}}]
+    fig = tc.roofline_figure(levels, roof)
+    limit, measured = fig.data
+    assert list(limit.x) == [50.0, 90.0] and list(limit.y) == [100.0, 30.0]  # ordered along x
+    assert list(measured.text) == ["c4 (40%)"] and list(measured.y) == [40.0]  # unmeasured level left out
