@@ -35,14 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_arg(s)
     s.set_defaults(handler=_show)
 
-    e = sub.add_parser("export", help="write a run as k2bench.run/1 JSON")
+    e = sub.add_parser("export", help="write a run as k2bench.run JSON")
     e.add_argument("run", metavar="RUN", help="run id")
     e.add_argument("--json", required=True, metavar="PATH", dest="json_path", help="file to write")
     e.add_argument("--requests", action="store_true", help="include every request's raw stamps")
     add_db_arg(e)
     e.set_defaults(handler=_export)
 
-    i = sub.add_parser("import", help="store k2bench.run/1 JSON files as new runs",
+    i = sub.add_parser("import", help="store k2bench.run JSON files as new runs",
                        description="Every file is validated before anything is written; each file is then "
                                    "stored in one transaction (all of it or none of it).")
     i.add_argument("files", nargs="+", metavar="FILE")

@@ -164,7 +164,7 @@ class Store(FramesMixin):
             s.execute(update(Run).where(Run.id == run.id).values(status=status, finished_at=now, updated_at=now))
 
     def import_run(self, doc: dict) -> int:
-        """Store a k2bench.run/1 document as a new run, all or nothing; returns the new id."""
+        """Store a k2bench.run document as a new run, all or nothing; returns the new id."""
         doc = runjson.validate_doc(doc)
         by_level: dict[tuple[int, int], list[dict]] = {}
         for r in doc.get("requests") or []:
@@ -241,7 +241,7 @@ class Store(FramesMixin):
             return [_run_dict(run, n) for run, n in s.execute(q).all()]
 
     def export_run(self, run_id: int, include_requests: bool = False) -> dict:
-        """The run as a k2bench.run/1 document (points ordered by concurrency, trial)."""
+        """The run as a k2bench.run document (points ordered by concurrency, trial)."""
         with self._read() as s:
             run = self._require_run(s, run_id)
             points = s.execute(
