@@ -32,12 +32,22 @@ def _display_url(url: str) -> str:
     return safe_url(url)
 
 
+# A first sweep that finishes in minutes on a small CPU machine (the bundled engine's tiny model), and
+# the design card's sweep, which takes hours there and belongs on a GPU node.
+QUICK_SWEEP = "k2bench sweep --isl 512 --osl 64 --conc 4..16"
+FULL_SWEEP = "k2bench sweep --isl 8192 --osl 1024 --conc 4..128"
+
+
 def first_run_message(url: str, reason: str | None = None) -> None:
     st.title("k2bench dashboard")
     st.info(reason or f"No benchmark runs in this database yet ({_display_url(url)}).")
-    st.markdown("Record a sweep into it (the bundled engine, or any server with `--url`):")
     db = "" if url == _default_url() else f" --db '{_display_url(url)}'"
-    st.code(f"{data.FIRST_RUN_COMMAND}{db}", language="bash")
+    st.markdown("Record a first sweep into it: the bundled engine with its tiny model, a few minutes on a laptop CPU:")
+    st.code(f"{QUICK_SWEEP}{db}", language="bash")
+    st.markdown("The design card's sweep (ISL 8192 / OSL 1024, concurrency 4 to 128) takes hours on a CPU; "
+                "run it on a GPU node, with the bundled engine or against a server you started (`--url`, "
+                "`--gpus` for how many GPUs it uses):")
+    st.code(f"{FULL_SWEEP}{db}\n{FULL_SWEEP} --url http://gpu-node:8000 --gpus 4{db}", language="bash")
     st.markdown("or import a run saved as JSON:")
     st.code(f"k2bench import run.json{db}", language="bash")
     st.caption("Then reload this page.")

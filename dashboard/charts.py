@@ -25,8 +25,10 @@ class View:
 VIEWS = {
     "Throughput vs interactivity": View("Throughput per GPU vs interactivity",
                                         "interactivity_median", "tput_per_gpu", True, True),
-    "E2E latency vs interactivity": View("E2E latency vs interactivity",
-                                         "interactivity_median", "e2el_ms_median", True, False),
+    # throughput against end-to-end latency, as InferenceX plots it: a trade-off, so its frontier is a
+    # line (interactivity against latency is not one: the lowest concurrency wins on both)
+    "Throughput vs E2E latency": View("Throughput per GPU vs E2E latency",
+                                      "e2el_ms_median", "tput_per_gpu", False, True),
     "TTFT vs throughput": View("TTFT vs throughput per GPU", "tput_per_gpu", "ttft_ms_median", True, False),
     # the frontier's y axis as energy or money (levels without GPU telemetry or a price are not drawn)
     "Tokens per joule vs interactivity": View("Tokens per joule vs interactivity", "interactivity_median",
@@ -125,17 +127,32 @@ def _add_reference(fig: go.Figure, ref: pd.DataFrame, view: View) -> None:
                            font={"size": 10})
 
 
+# History's y-axis choices. An axis fitted to the data makes run-to-run noise of a few percent fill
+# the plot and look like a cliff, so the default starts at zero; "% of median" reads as noise directly.
+Y_FROM_ZERO, Y_PERCENT, Y_FITTED = "from zero", "% of median", "fitted to the data"
+Y_AXES = (Y_FROM_ZERO, Y_PERCENT, Y_FITTED)
+
+
 def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_commit: bool = False,
-                   title: str | None = None) -> go.Figure:
-    """A metric over runs (time or commit order) with change points drawn as coloured markers."""
+                   title: str | None = None, y_axis: str = Y_FROM_ZERO) -> go.Figure:
+    """A metric over runs (time or commit order) with change points drawn as coloured markers.
+
+    ``y_axis``: one of Y_AXES. With Y_PERCENT every value is drawn as a percentage of the series'
+    median (hover text keeps the measured values)."""
+    if y_axis not in Y_AXES:
+        raise ValueError(f"y_axis must be one of {', '.join(Y_AXES)}, not {y_axis!r}")
     fig = go.Figure()
     xcol = "position" if by_commit else "started_at"
     s = series.copy()
     s["position"] = np.arange(len(s))
+    ycol, ylabel = metric, _label(metric)
+    if y_axis == Y_PERCENT:
+        ycol, ylabel = "_percent", f"{_label(metric)}, % of median"
+        s[ycol] = s[metric] / s[metric].median() * 100.0
     hover = [f"{_label(metric)}: {v:.4g}<br>commit {str(c)[:10]}<br>branch {b}<br>{pd.Timestamp(t):%Y-%m-%d %H:%M} UTC"
              f"<br>run #{r}" for v, c, b, t, r in zip(s[metric], s["commit"], s["branch"], s["started_at"],
                                                      s["run_id"], strict=True)]
-    fig.add_trace(go.Scatter(x=s[xcol], y=s[metric], mode="lines+markers", name=_label(metric),
+    fig.add_trace(go.Scatter(x=s[xcol], y=s[ycol], mode="lines+markers", name=_label(metric),
                              customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
     for kind, color, symbol in (("regression", REGRESSION_COLOR, "triangle-down"),
                                 ("improvement", IMPROVEMENT_COLOR, "triangle-up")):
@@ -144,7 +161,7 @@ def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_co
         if hit.empty:
             continue
         fig.add_trace(go.Scatter(
-            x=hit[xcol], y=hit[metric], mode="markers", name=f"change point ({kind})",
+            x=hit[xcol], y=hit[ycol], mode="markers", name=f"change point ({kind})",
             marker={"color": color, "size": 16, "symbol": symbol, "line": {"width": 1, "color": "black"}},
             customdata=[f"{kind}: {rc * 100:+.1f}% at commit {str(c)[:10]}"
                         for rc, c in zip(hit["rel_change"], hit["commit"], strict=True)],
@@ -153,8 +170,12 @@ def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_co
             fig.add_vline(x=x, line_dash="dash", line_color=color, opacity=0.5)
     if by_commit:
         fig.update_xaxes(tickmode="array", tickvals=s["position"], ticktext=[str(c)[:7] for c in s["commit"]])
+    if y_axis == Y_FROM_ZERO:
+        fig.update_yaxes(rangemode="tozero")
+    elif y_axis == Y_PERCENT:
+        fig.add_hline(y=100.0, line_dash="dot", line_color="gray")
     return _layout(fig, title or f"{_label(metric)} history", "commit" if by_commit else "run start (UTC)",
-                   _label(metric))
+                   ylabel)
 
 
 def ttft_histogram(requests: pd.DataFrame) -> go.Figure:

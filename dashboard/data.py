@@ -13,7 +13,6 @@ from k2bench.harness import schema
 from k2bench.harness.catalogue import BY_COLUMN, TABLE_METRICS, over_trials
 
 DB_ENV = "K2BENCH_DB"
-FIRST_RUN_COMMAND = "k2bench sweep --isl 8192 --osl 1024 --conc 4..128"
 
 # column -> catalogue entry (label, unit, direction) of every metric the pages can plot
 METRICS = BY_COLUMN

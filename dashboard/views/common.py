@@ -5,12 +5,64 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from k2bench.harness.catalogue import BY_COLUMN
+from k2bench.harness.schema import LEVEL_TABLE_FIELDS
+
+_LEVEL_FIELDS = {spec.name: spec for spec in LEVEL_TABLE_FIELDS}
+
 
 def csv_download(df: pd.DataFrame, name: str, key: str) -> None:
     st.download_button(f"Download {name} as CSV", df.to_csv(index=False).encode(), file_name=f"{name}.csv",
                        mime="text/csv", key=key, on_click="ignore")
 
 
-def pct_columns(df: pd.DataFrame) -> dict:
-    """Signed percentage formatting for the Δ% columns (the CSV keeps plain numbers)."""
-    return {c: st.column_config.NumberColumn(c, format="%+.1f%%") for c in df.columns if c.endswith("Δ%")}
+# Plain headers for the run and configuration columns a table may carry beside its metrics.
+_PLAIN_HEADERS = {"config": "configuration", "run_id": "run", "started_at": "started (UTC)", "p_value": "p-value",
+                  "rel_change": "change", "osl_mismatches": "OSL mismatches"}
+# " A", " B": one side of a comparison; " Δ%": B relative to A in percent (data.delta_table)
+_SIDES = (" A", " B", " Δ%")
+
+
+def table_columns(df: pd.DataFrame) -> dict:
+    """Streamlit column settings for a table: every metric's header, unit and decimals from the metric
+    catalogue, per-level numbers from the schema, plain words for run columns. Only what is shown
+    changes: sorting uses the full values and the CSV download keeps the raw names and values."""
+    out = {}
+    for col in df.columns:
+        side = next((s for s in _SIDES if col.endswith(s)), "")
+        base = col[: len(col) - len(side)]
+        metric, spec = BY_COLUMN.get(base), _LEVEL_FIELDS.get(base)
+        if side == " Δ%" or col == "Δ%":
+            what = metric.header if metric else base
+            out[col] = st.column_config.NumberColumn(f"{what} Δ%".strip(), format="%+.1f%%",
+                                                     help="B relative to A, in percent")
+        elif metric is not None:
+            out[col] = st.column_config.NumberColumn(f"{metric.header}{side}", format=f"%.{metric.decimals}f",
+                                                     help=metric.label)
+        elif spec is not None:
+            out[col] = st.column_config.NumberColumn(f"{spec.label}{side}", format=f"%.{spec.decimals}f",
+                                                     help=spec.help)
+        elif col == "started_at":
+            out[col] = st.column_config.DatetimeColumn(_PLAIN_HEADERS[col], format="YYYY-MM-DD HH:mm")
+        elif col == "rel_change":
+            out[col] = st.column_config.NumberColumn(_PLAIN_HEADERS[col], format="percent")
+        elif col in _PLAIN_HEADERS:
+            out[col] = st.column_config.Column(_PLAIN_HEADERS[col])
+    return out
+
+
+def run_param_problem(wanted: str, all_runs: pd.DataFrame) -> str | None:
+    """Why a run named in the URL (``?run=N``) cannot be shown, or None when it can.
+
+    ``all_runs`` holds every run, finished levels or not, so that a run that exists but has
+    nothing to show is told apart from an id that does not exist."""
+    if not wanted.isdigit():
+        return f"`run={wanted}` in the address is not a run id (a whole number such as `run=4`)."
+    row = all_runs[all_runs["run_id"] == int(wanted)]
+    if row.empty:
+        return f"There is no run {wanted} in this database. Pick a run below."
+    if int(row["levels"].iloc[0]) == 0:
+        status = row["status"].iloc[0]
+        return (f"Run {wanted} ({status}) has no finished concurrency level, so there is nothing to show. "
+                "Pick a run below.")
+    return None

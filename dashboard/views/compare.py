@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data
-from k2bench.dashboard.views.common import csv_download, pct_columns
+from k2bench.dashboard.views.common import csv_download, table_columns
 from k2bench.dashboard.views.history import config_options
 
 
@@ -60,11 +60,13 @@ def render(url: str, runs: pd.DataFrame) -> None:
     else:
         peak_a, peak_b = la["tput_per_gpu"].max(), lb["tput_per_gpu"].max()
         c1, c2 = st.columns(2)
-        c1.metric("Peak throughput B (tok/s/GPU)", f"{peak_b:,.1f}", delta=f"{(peak_b / peak_a - 1) * 100:+.1f}% vs A")
+        tput, inter = data.METRICS["tput_per_gpu"], data.METRICS["interactivity_median"]
+        c1.metric(f"Peak throughput B ({tput.unit})", tput.format(peak_b),
+                  delta=f"{(peak_b / peak_a - 1) * 100:+.1f}% vs A")
         ia, ib = la["interactivity_median"].max(), lb["interactivity_median"].max()
-        c2.metric("Best interactivity B (tok/s/user)", f"{ib:,.1f}", delta=f"{(ib / ia - 1) * 100:+.1f}% vs A")
+        c2.metric(f"Best interactivity B ({inter.unit})", inter.format(ib), delta=f"{(ib / ia - 1) * 100:+.1f}% vs A")
         st.subheader("Per-concurrency deltas (B relative to A)")
-        st.dataframe(deltas, hide_index=True, column_config=pct_columns(deltas), key="compare_deltas")
+        st.dataframe(deltas, hide_index=True, column_config=table_columns(deltas), key="compare_deltas")
         csv_download(deltas, "compare_deltas", key="compare_csv")
 
     st.subheader("Throughput at matched interactivity")
@@ -79,5 +81,5 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.caption(f"Geometric mean over the interactivity both frontiers cover ({lo:.3g} to {hi:.3g} tok/s/user); "
                    "below, A's frontier levels with B's throughput interpolated along B's frontier "
                    "(log-log, no extrapolation).")
-        st.dataframe(matched, hide_index=True, column_config=pct_columns(matched), key="compare_matched")
+        st.dataframe(matched, hide_index=True, column_config=table_columns(matched), key="compare_matched")
         csv_download(matched, "compare_matched", key="compare_matched_csv")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.dashboard import charts, data
-from k2bench.dashboard.reference import load_reference
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard import charts, data, labels
+from k2bench.dashboard.reference import load_reference, matching
+from k2bench.dashboard.views.common import csv_download, table_columns
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
@@ -34,8 +34,12 @@ def runs_to_load(selected: pd.DataFrame, mode: str) -> tuple[int, ...]:
 
 
 def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool):
-    """The page's table and figure from the selected runs' points (also timed by bench/dashboard_bench.py)."""
+    """The page's table and figure from the selected runs' points (also timed by bench/dashboard_bench.py).
+
+    Configurations are named by what tells them apart (labels.short_labels), so legends stay short."""
+    names, _ = labels.short_labels(points)
     levels = data.latest_run_per_config(points) if mode == MODES[0] else data.median_over_runs(points)
+    levels = levels.assign(config=levels["config"].map(names))
     fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log)
     return levels, fig
 
@@ -57,17 +61,21 @@ def render(url: str, runs: pd.DataFrame) -> None:
     if selected.empty:
         st.warning("No runs match these filters.")
         return
-    reference = load_reference() if show_ref else None
     points = cache.points(url, runs_to_load(selected, mode))
+    reference, hidden = matching(load_reference(), points) if show_ref else (None, [])
     levels, fig = build(points, view_name, mode, reference, log)
     st.plotly_chart(fig, key="frontier_chart")
     n_runs = selected["run_id"].nunique()
-    st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection. "
+    _, shared = labels.short_labels(points)
+    common = f" All of them: {shared}." if shared else ""
+    st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection.{common} "
                "Labels are concurrency levels; lines join each configuration's Pareto-optimal levels.")
     if reference is not None and not reference.empty:
         for name, src in reference[["name", "source"]].drop_duplicates().itertuples(index=False):
             st.caption(f"Reference: {name} — source: {src}")
+    for note in hidden:
+        st.caption(note)
     cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
     table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
-    st.dataframe(table, hide_index=True, key="frontier_table")
+    st.dataframe(table, hide_index=True, column_config=table_columns(table), key="frontier_table")
     csv_download(table, "frontier", key="frontier_csv")

@@ -5,17 +5,25 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.dashboard import cache, charts, data
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard import cache, charts, data, labels
+from k2bench.dashboard.views.common import csv_download, table_columns
+from k2bench.harness.analysis.changepoints import DEFAULT_MIN_SIZE
+
+# a change-point scan needs this many runs of one series: min_size on each side of a split
+MIN_RUNS_FOR_SCAN = 2 * DEFAULT_MIN_SIZE
 
 ALL = "(all branches)"
 
 
 def config_options(runs: pd.DataFrame) -> dict[str, str]:
-    """fingerprint -> label, most recently run configuration first."""
+    """fingerprint -> label, most recently run configuration first.
+
+    A label leads with what tells the configurations apart and then names the rest, so a picker
+    cut short by the page width still shows the difference."""
     latest = runs.groupby("fingerprint")["started_at"].max().sort_values(ascending=False, kind="stable")
-    labels = runs.drop_duplicates("fingerprint").set_index("fingerprint")["config"]
-    return {fp: labels[fp] for fp in latest.index}
+    names, shared = labels.short_labels(runs, key="fingerprint")
+    tail = f"{labels.SEP}{shared}" if shared else ""
+    return {fp: f"{names[fp]}{tail}" for fp in latest.index}
 
 
 def render(url: str, runs: pd.DataFrame) -> None:
@@ -30,14 +38,17 @@ def render(url: str, runs: pd.DataFrame) -> None:
     metric = c3.selectbox("Metric", list(data.METRICS), format_func=lambda m: data.METRICS[m].label,
                           key="history_metric")
     by_commit = c4.radio("X axis", ["time", "commit order"], horizontal=True, key="history_x") == "commit order"
+    y_axis = c4.radio("Y axis", charts.Y_AXES, horizontal=True, key="history_y")
     br = None if branch == ALL else branch
     series = data.history_series(points, fp, conc, metric, br)
     if series.empty:
         st.warning("No runs of this configuration at this concurrency.")
         return
-    marks = data.mark_change_points(cache.change_points(url, fp, br), metric, conc)
+    stored = cache.change_points(url, fp, br)
+    marks = data.mark_change_points(stored, metric, conc)
     marks = marks[marks["run_id"].isin(series["run_id"])] if not marks.empty else marks
-    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit), key="history_chart")
+    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit, y_axis=y_axis),
+                    key="history_chart")
     regressions = marks[marks["kind"] == "regression"] if not marks.empty else marks
     if not regressions.empty:
         lines = [f"commit `{str(r.commit)[:10]}`: {r.rel_change * 100:+.1f}% (p={r.p_value:.2g})"
@@ -45,13 +56,28 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.error(f"{len(regressions)} regression(s) flagged in {data.METRICS[metric].label} "
                  f"at concurrency {conc}: " + "; ".join(lines))
     elif marks.empty:
-        st.caption("No change points recorded for this metric and level (run `k2bench changepoints`).")
+        st.caption(no_change_point_note(stored, len(series), data.METRICS[metric].label, conc))
     else:
         st.success(f"{len(marks)} change point(s), none of them a regression.")
     st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
-    st.dataframe(series, hide_index=True, key="history_table")
+    st.dataframe(series, hide_index=True, column_config=table_columns(series), key="history_table")
     csv_download(series, "history", key="history_csv")
     if not marks.empty:
         st.subheader("Change points")
         cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]
-        st.dataframe(cp, hide_index=True, key="history_cp_table")
+        m = data.METRICS[metric]
+        means = {c: st.column_config.NumberColumn(f"{word} ({m.unit})", format=f"%.{m.decimals}f")
+                 for c, word in (("mean_before", "mean before"), ("mean_after", "mean after"))}
+        st.dataframe(cp, hide_index=True, column_config=table_columns(cp) | means, key="history_cp_table")
+
+
+def no_change_point_note(stored: pd.DataFrame, n_runs: int, metric_label: str, conc: int) -> str:
+    """What an empty change-point record means here. The store keeps only what a scan found, so a
+    scan that found nothing leaves no trace: the note never claims a scan is missing."""
+    here = f"No change point recorded for {metric_label} at concurrency {conc}"
+    if not stored.empty:  # this configuration has been scanned: the other metrics and levels show it
+        return f"{here}; the scan found changes only elsewhere in this configuration."
+    if n_runs < MIN_RUNS_FOR_SCAN:
+        return (f"{here}: a change-point scan needs at least {MIN_RUNS_FOR_SCAN} runs of a configuration "
+                f"and this series has {n_runs}.")
+    return f"{here}. `k2bench changepoints` scans the history and records only the changes it finds."

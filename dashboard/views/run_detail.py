@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, telemetry_charts
-from k2bench.dashboard.views.common import csv_download
+from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
 
 
 def render(url: str, runs: pd.DataFrame) -> None:
@@ -15,8 +15,13 @@ def render(url: str, runs: pd.DataFrame) -> None:
     labels = {int(r["run_id"]): data.run_label(r) for r in runs.to_dict("records")}
     ids = list(labels)
     wanted = st.query_params.get("run")
-    index = ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0
+    problem = run_param_problem(wanted, cache.runs(url)) if wanted else None
+    index = None if problem else ids.index(int(wanted)) if wanted else 0
     run_id = st.selectbox("Run", ids, index=index, format_func=labels.get, key="detail_run")
+    if run_id is None:
+        st.error(problem)
+        return
+    st.query_params["run"] = str(run_id)
     meta = cache.run(url, run_id)
 
     st.subheader("Metadata")
@@ -41,7 +46,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.subheader("Per-level results")
     levels = data.per_run_levels(cache.points(url, (int(run_id),)))
     table = data.level_table(levels)
-    st.dataframe(table, hide_index=True, key="detail_levels")
+    st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
 
     _telemetry(url, run_id, meta)

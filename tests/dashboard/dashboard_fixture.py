@@ -30,6 +30,8 @@ ENGINES = {"bundled": 1.0, "vllm": 0.8}  # gap scale: vllm is faster per token
 COMMITS = ["a1" * 20, "b2" * 20, "c3" * 20, "d4" * 20]
 REGRESSION_FACTOR = 1.25  # token gaps of the bundled engine at the last commit
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
+# what a CPU run records as its hardware: long, and the same for every configuration here
+HARDWARE = "Intel(R) Xeon(R) Platinum 8480C Processor @ 2.00GHz"
 PRICE = 2.0  # US$ per GPU-hour
 
 
@@ -68,16 +70,17 @@ def gap_ms(engine: str, c: int, commit_index: int) -> float:
     return g
 
 
-def level_records(c: int, ttft: float, gap: float, waves: int = 2) -> list[RequestRecord]:
+def level_records(c: int, ttft: float, gap: float, waves: int = 2, isl: int = ISL,
+                  osl: int = OSL) -> list[RequestRecord]:
     recs, t = [], 1_000_000_000
-    e2el_ns = int((ttft + (OSL - 1) * gap) * 1e6)
+    e2el_ns = int((ttft + (osl - 1) * gap) * 1e6)
     for w in range(waves):
         for i in range(c):
             send = t + w * (e2el_ns + 1_000_000)
-            tokens = [send + int((ttft + k * gap) * 1e6) for k in range(OSL)]
-            recs.append(RequestRecord(index=w * c + i, concurrency=c, warmup=False, requested_input_tokens=ISL,
-                                      requested_output_tokens=OSL, send_ns=send, token_ns=tokens,
-                                      end_ns=tokens[-1] + 100_000, prompt_tokens=ISL, output_tokens=OSL,
+            tokens = [send + int((ttft + k * gap) * 1e6) for k in range(osl)]
+            recs.append(RequestRecord(index=w * c + i, concurrency=c, warmup=False, requested_input_tokens=isl,
+                                      requested_output_tokens=osl, send_ns=send, token_ns=tokens,
+                                      end_ns=tokens[-1] + 100_000, prompt_tokens=isl, output_tokens=osl,
                                       success=True))
     return recs
 
@@ -87,13 +90,14 @@ class Fixture:
     url: str
     runs: dict[tuple[str, int], int] = field(default_factory=dict)  # (engine, commit index) -> run id
     feature_run: int = 0
+    unfinished_run: int = 0  # started, no level finished (a sweep stopped during its first level)
     fingerprints: dict[str, str] = field(default_factory=dict)
 
 
 def meta(engine: str, commit: str, branch: str, when: datetime) -> dict:
     return {"engine": engine, "engine_version": "1.0", "engine_flags": {"max_num_seqs": 64, "engine": engine},
             "server_command": f"{engine} serve tiny-k2 --tp 1", "model": "tiny-k2", "precision": "mxfp4",
-            "hardware": "cpu", "num_gpus": 1, "tp": 1, "workload": "fixture", "isl": ISL, "osl": OSL,
+            "hardware": HARDWARE, "num_gpus": 1, "tp": 1, "workload": "fixture", "isl": ISL, "osl": OSL,
             "commit": commit, "branch": branch, "started_at": when.isoformat(), "tags": {"fixture": "yes"}}
 
 
@@ -131,6 +135,8 @@ def build(url: str) -> Fixture:
                 when = T0 + timedelta(days=i, hours=1 if engine == "bundled" else 0)
                 fx.runs[(engine, i)] = add_run(store, engine, i, "main", when)
         fx.feature_run = add_run(store, "vllm", 1, "feature-x", T0 + timedelta(days=1, hours=6), with_roofline=True)
+        fx.unfinished_run = store.create_run(meta("vllm", COMMITS[-1], "main", T0 + timedelta(days=4)))
+        store.finish_run(fx.unfinished_run, "partial")
         for engine in ENGINES:
             fx.fingerprints[engine] = store.get_run(fx.runs[(engine, 0)])["fingerprint"]
         last = fx.runs[("bundled", len(COMMITS) - 1)]
@@ -156,3 +162,20 @@ def expected_tput(engine: str, c: int, commit_index: int) -> float:
 
 def expected_interactivity(engine: str, c: int, commit_index: int) -> float:
     return 1000.0 / gap_ms(engine, c, commit_index)
+
+
+def add_published_workload_run(url: str, model: str = "amd/Kimi-K2.5-MXFP4", isl: int = 8192,
+                               osl: int = 1024) -> int:
+    """One run at the published reference's model and lengths (a GPU run's shape, at small levels)."""
+    store = Store.open(url)
+    try:
+        doc = meta("vllm", COMMITS[0], "main", T0 + timedelta(days=5))
+        doc.update(model=model, isl=isl, osl=osl, workload="8k1k", hardware="MI355X", num_gpus=4, tp=4)
+        run_id = store.create_run(doc)
+        for c in (4, 8):
+            recs = level_records(c, 300.0 + 10 * c, 8.0 + c / 4, isl=isl, osl=osl)
+            store.add_point(run_id, summarize_level(recs, concurrency=c, num_gpus=4), recs)
+        store.finish_run(run_id, "complete")
+    finally:
+        store.close()
+    return run_id

@@ -90,27 +90,41 @@ def test_frontier_shows_each_configuration_with_concurrency_labels(fixture, monk
         assert sorted(line["x"]) == pytest.approx(sorted(want_x))  # every level is Pareto-optimal here
 
 
-def test_frontier_overlays_published_reference_with_source(fixture, monkeypatch):
-    at = open_page(fixture.url, "Frontier", monkeypatch)
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> fxdb.Fixture:
+    """The fixture plus one run at the published reference's model and workload (Kimi-K2.5, 8k/1k)."""
+    fx = fxdb.build(f"sqlite:///{tmp_path_factory.mktemp('dash_ref') / 'published.db'}")
+    fxdb.add_published_workload_run(fx.url)
+    return fx
+
+
+def test_frontier_overlays_published_reference_with_source(published, monkeypatch):
+    at = open_page(published.url, "Frontier", monkeypatch)
     (fig,) = figures(at)
-    (ref,) = traces(fig, "MI355X")
+    (ref,) = traces(fig, "MI355X · ATOM")
     assert ref["x"] == [19.2] and ref["y"] == [5369.6] and ref["text"] == ["c128 (ref)"]
     assert any("116.4" in a.get("text", "") for a in fig["layout"]["annotations"])  # conc 4 gives x only
     assert any("Source:" in a.get("text", "") for a in fig["layout"]["annotations"])
     assert any("source: AMD" in c.value for c in at.caption)
+    assert not any("hidden" in c.value for c in at.caption)
     at.checkbox(key="frontier_ref").uncheck().run()
     (fig,) = figures(at)
-    assert not traces(fig, "MI355X")
+    assert not traces(fig, "MI355X · ATOM")
 
 
 def test_frontier_alternative_views(fixture, monkeypatch):
     at = open_page(fixture.url, "Frontier", monkeypatch)
-    at.radio(key="frontier_view").set_value("E2E latency vs interactivity").run()
+    at.radio(key="frontier_view").set_value("Throughput vs E2E latency").run()
     (fig,) = figures(at)
-    assert fig["layout"]["yaxis"]["title"]["text"] == "E2E latency median (ms)"
+    assert fig["layout"]["xaxis"]["title"]["text"] == "E2E latency median (ms)"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
     (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
     want = [fxdb.ttft_ms(c) + (fxdb.OSL - 1) * fxdb.gap_ms("vllm", c, LAST) for c in fxdb.LEVELS]
-    assert points["y"] == pytest.approx(want, rel=1e-9)
+    assert points["x"] == pytest.approx(want, rel=1e-9)
+    # the caption promises lines joining the Pareto-optimal levels: more latency buys more throughput
+    # at every level here, so every level is on the frontier and the line runs through all of them
+    (line,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["name"].endswith("frontier")]
+    assert sorted(line["x"]) == pytest.approx(sorted(want), rel=1e-9)
     at.radio(key="frontier_view").set_value("TTFT vs throughput").run()
     (fig,) = figures(at)
     assert fig["layout"]["xaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
@@ -276,7 +290,7 @@ def test_run_detail_metadata_levels_and_distributions(fixture, monkeypatch):
     at.selectbox(key="detail_run").set_value(run_id).run()
     meta = pd.concat([t.value for t in at.table])
     assert meta.loc["commit", "value"] == fxdb.COMMITS[2]
-    assert meta.loc["hardware", "value"] == "cpu" and meta.loc["engine", "value"] == "vllm"
+    assert meta.loc["hardware", "value"] == fxdb.HARDWARE and meta.loc["engine", "value"] == "vllm"
     assert any('"max_num_seqs"' in j.proto.body for j in at.json)
     assert any("vllm serve tiny-k2" in c.value for c in at.code)
     levels = page_table(at, "detail_levels")
@@ -360,7 +374,11 @@ def test_empty_database_shows_first_run_command(tmp_path, monkeypatch):
         at = open_page(url, page, monkeypatch)
         assert not at.get("plotly_chart")
         assert "No benchmark runs in this database yet" in at.info[0].value
-        assert any(c.value.startswith("k2bench sweep --isl 8192 --osl 1024 --conc 4..128 --db") for c in at.code)
+        # a first sweep that finishes in minutes here, then the design card's sweep for a GPU node
+        codes = [c.value for c in at.code]
+        assert codes[0] == f"k2bench sweep --isl 512 --osl 64 --conc 4..16 --db '{url}'"
+        assert any(c.startswith("k2bench sweep --isl 8192 --osl 1024 --conc 4..128 --db") for c in codes[1:])
+        assert any("on a GPU node" in m.value for m in at.markdown)
 
 
 def test_missing_database_is_a_message_not_a_traceback(tmp_path, monkeypatch):
