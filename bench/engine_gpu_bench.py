@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.attn_meta import AttentionMetadata
 from k2bench.engine.kernels import get_backend
-from k2bench.engine.loader import load_model
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.loader import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_roofline import step_bytes, tensor_bytes  # noqa: E402
@@ -133,20 +133,22 @@ def float32_check(model_dir: Path, variants: list[str], gen: torch.Generator, ct
 
 
 def make_backend(variant: str):
-    """`torch`, `triton`, `triton:<moe variant>`, or `triton:graphs` (the triton backend, replayed)."""
+    """`torch`, `triton`, `triton:<moe variant>`, with `:graphs` at the end for CUDA-graph replays
+    (e.g. `triton:graphs`, `triton:swapped:graphs`)."""
     if variant == "torch":
         return get_backend("torch", "cuda")
-    name, _, moe = variant.partition(":")
+    name, *rest = variant.split(":")
     b = get_backend(name, "cuda")
-    if moe and moe != "graphs":
-        b.moe_variant = moe
+    moe = [r for r in rest if r != "graphs"]
+    if moe:
+        b.moe_variant = moe[0]
     return b
 
 
 def graph_step(model, caches, batch: int, ctx: int, num_blocks: int, ids, pos, meta):
     """A decode step of `batch` replayed from a CUDA graph (engine.cuda_graphs), on the bench's caches:
     the last cache block is the scratch block (decode_inputs never hands it out)."""
-    from k2bench.engine.cuda_graphs import DecodeGraphs
+    from k2bench.engine.runtime.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(model, caches, scratch_block=num_blocks - 1, block_size=BLOCK,
                           max_blocks=meta.block_tables.shape[1], max_batch=batch, device=torch.device("cuda"),
@@ -166,7 +168,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the float32 correctness check")
-    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one triton step at the largest batch")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of one triton decode step at the largest batch and of the prefill")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +260,14 @@ def main() -> int:
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (args.out / "profile.txt").write_text(table)
         print(f"profile of one {v} step at B={max(batches)}: {args.out / 'profile.txt'}")
+        if args.prefill:
+            ids, pos, meta = prefill_inputs(args.prefill, num_blocks, cfg.vocab_size, gen)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step(ids, pos, meta, last_only=True)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+            (args.out / "profile_prefill.txt").write_text(table)
+            print(table)
 
     doc = {"bandwidth_gbs": bw, "model": str(args.model), "layers": cfg.num_hidden_layers, "load_s": load_s,
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}

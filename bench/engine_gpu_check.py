@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.build import EngineOptions, build_engine
-from k2bench.engine.runtime_config import RuntimeConfig
-from k2bench.engine.sequence import SamplingParams, Sequence
-from k2bench.engine.tiny import write_tiny_checkpoint
+from k2bench.engine.model.tiny import write_tiny_checkpoint
+from k2bench.engine.runtime.build import EngineOptions, build_engine
+from k2bench.engine.runtime.runtime_config import RuntimeConfig
+from k2bench.engine.runtime.sequence import SamplingParams, Sequence
+from k2bench.net import free_port
 
 LENGTHS = [5, 17, 64, 300, 1000, 2]
 MAX_TOKENS = 32
@@ -64,12 +64,6 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
                 break
             same += 1
     return same / total
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def via_server(model: Path, device: str, ps: list[list[int]]) -> dict:

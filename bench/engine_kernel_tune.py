@@ -29,7 +29,7 @@ import torch
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_backend import gemm_split_k, mxfp4_matmul
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
-from k2bench.engine.mxfp4 import fake_quantize_mxfp4
+from k2bench.engine.model.mxfp4 import fake_quantize_mxfp4
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
@@ -54,8 +54,12 @@ MOE_K_CONFIGS = [
     ("dequant", 64, 4, 4, 256), ("dequant", 64, 8, 4, 512), ("dot_scaled", 32, 4, 5, 256),
 ]
 GEMM_SPLITS = (1, 2, 4, 8, 16, None)  # for M <= 128 only
-ATTN_CONFIGS = [  # (block_h, block_n, num_warps)
-    (16, 32, 4), (16, 64, 4), (16, 16, 4), (32, 32, 8), (32, 16, 4), (64, 16, 8), (32, 64, 8),
+ATTN_CONFIGS = [  # (block_h, block_n, num_warps, num_stages or None for Triton's default)
+    (16, 32, 4, None), (16, 64, 4, None), (16, 16, 4, None), (32, 32, 8, None), (32, 16, 4, None),
+    (64, 16, 8, None), (32, 64, 8, None),
+    # all 64 heads of a sequence in one program (the latent tile read once), deeper pipelines
+    (64, 32, 8, None), (64, 64, 8, None), (64, 32, 8, 2), (64, 32, 4, 2), (32, 64, 8, 2), (32, 64, 8, 4),
+    (16, 64, 4, 3), (16, 32, 4, 4),
 ]
 
 
@@ -172,20 +176,22 @@ def tune_attention(heads: int, bw: float, batches: list[int], ctx: int, reps: in
         q_pe = torch.randn(B, heads, P, device="cuda", dtype=torch.bfloat16)
         floor_ms = B * ctx * (R + P) * 2 / (bw * 1e9) * 1e3
         ref = None
-        for bh, bn, warps in ATTN_CONFIGS:
-            kw = dict(block_h=bh, block_n=bn, num_warps=warps)
+        for bh, bn, warps, stages in ATTN_CONFIGS:
+            if bh > heads:
+                continue
+            kw = dict(block_h=bh, block_n=bn, num_warps=warps, num_stages=stages)
             try:
                 out = mla_decode(q_lat, q_pe, cache, tables, lens, 0.07, **kw)
                 med, _ = cuda_time_ms(lambda kw=kw, a=q_lat, b=q_pe, t=tables, n=lens: mla_decode(a, b, cache, t, n, 0.07, **kw), reps)
             except Exception as exc:  # noqa: BLE001
-                rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "config": [bh, bn, warps], "error": str(exc)[:200]})
+                rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "config": [bh, bn, warps, stages], "error": str(exc)[:200]})
                 print(f"mla H={heads} B={B:>4} bh={bh} bn={bn} w={warps}: FAILED {str(exc)[:80]}", flush=True)
                 continue
             ref = out.float() if ref is None else ref
             err = float((out.float() - ref).abs().max() / ref.abs().max())
-            rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "ctx": ctx, "config": [bh, bn, warps], "ms": med,
+            rows.append({"kernel": "mla_decode", "heads": heads, "B": B, "ctx": ctx, "config": [bh, bn, warps, stages], "ms": med,
                          "floor_ms": floor_ms, "x_floor": med / floor_ms, "diff_vs_first": err})
-            print(f"mla H={heads} B={B:>4} bh={bh:<2} bn={bn:<2} w={warps}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+            print(f"mla H={heads} B={B:>4} bh={bh:<2} bn={bn:<2} w={warps} st={stages}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
                   f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
     return rows
 
@@ -226,6 +232,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--moe-prefill", type=int, default=0, help="only the MoE tiles at this many tokens")
     ap.add_argument("--moe-k", action="store_true", help="only the MoE's K-tile sweep plus a kernel profile")
+    ap.add_argument("--no-gemm", dest="gemm", action="store_false", help="skip the dense GEMM forms")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -246,7 +253,8 @@ def main() -> int:
     for heads in sorted({64 // args.tp, 16}, reverse=True):
         rows += tune_attention(heads, bw, batches, args.ctx, args.reps)
     inter = 18432 // args.tp
-    rows += tune_gemm(bw, [(4, 2 * inter, H), (128, 2 * inter, H), (4, H, inter), (8192, 2 * inter, H)], args.reps)
+    if args.gemm:
+        rows += tune_gemm(bw, [(4, 2 * inter, H), (128, 2 * inter, H), (4, H, inter), (8192, 2 * inter, H)], args.reps)
     doc = {"bandwidth_gbs": bw, "tp": args.tp, "device": torch.cuda.get_device_name(), "rows": rows}
     (args.out / "kernel_tune.json").write_text(json.dumps(doc, indent=1))
     return 0

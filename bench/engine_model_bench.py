@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.loader import load_model
-from k2bench.engine.tiny import write_tiny_checkpoint
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.loader import load_model
+from k2bench.engine.model.tiny import write_tiny_checkpoint
 
 CASES = [("mxfp4", "auto"), ("mxfp4", "w4"), ("bf16", "auto")]  # (checkpoint, quant_mode)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from k2bench.engine.kernels.torch_backend import CPU_PAIR_BUDGET, TorchBackend
-from k2bench.engine.mxfp4 import (
+from k2bench.engine.model.mxfp4 import (
     BLOCK,
     _byte_lut,
     dequantize_mxfp4,

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.build import EngineOptions, build_engine
-from k2bench.engine.runtime_config import RuntimeConfig
-from k2bench.engine.sequence import SamplingParams, Sequence
+from k2bench.engine.runtime.build import EngineOptions, build_engine
+from k2bench.engine.runtime.runtime_config import RuntimeConfig
+from k2bench.engine.runtime.sequence import SamplingParams, Sequence
 
 ISL, OSL = 8192, 1024
 CONCS = (4, 8, 16, 32, 64, 128)
@@ -82,7 +82,7 @@ def main() -> int:
     tmp = None
     model = args.model
     if model is None:
-        from k2bench.engine.tiny import write_tiny_checkpoint
+        from k2bench.engine.model.tiny import write_tiny_checkpoint
 
         tmp = tempfile.TemporaryDirectory()
         model = str(write_tiny_checkpoint(Path(tmp.name) / "tiny", quant="mxfp4"))

@@ -22,6 +22,11 @@ if [ "${TUNE:-0}" = 1 ]; then
   python3 bench/engine_kernel_tune.py --tp "${TUNE_TP:-2}" --out "$OUT" ${TUNE_ARGS:-} 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
 fi
 
+if [ "${PREFILL_BENCH:-1}" = 1 ]; then
+  log "prefill pieces: attention per SDPA kernel, dense MXFP4 linears per M"
+  python3 bench/engine_prefill_bench.py --out "$OUT" 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -60
+fi
+
 log "checkpoint: kimi-k2-width, $LAYERS layers"
 [ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
 

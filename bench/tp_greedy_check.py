@@ -15,18 +15,13 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from k2bench.net import free_port
 
 
 def wait_ready(url: str, proc: subprocess.Popen, deadline_s: float) -> None:

@@ -43,6 +43,11 @@ def change_points(url: str, fingerprint: str, branch: str | None) -> pd.DataFram
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def culprits(url: str, branch: str | None) -> pd.DataFrame:
+    return store(url).culprits_frame(branch=branch)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def run(url: str, run_id: int) -> dict:
     return store(url).get_run(run_id)
 

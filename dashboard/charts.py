@@ -134,8 +134,10 @@ Y_AXES = (Y_FROM_ZERO, Y_PERCENT, Y_FITTED)
 
 
 def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_commit: bool = False,
-                   title: str | None = None, y_axis: str = Y_FROM_ZERO) -> go.Figure:
-    """A metric over runs (time or commit order) with change points drawn as coloured markers.
+                   title: str | None = None, y_axis: str = Y_FROM_ZERO,
+                   culprits: pd.DataFrame | None = None) -> go.Figure:
+    """A metric over runs (time or commit order) with change points drawn as coloured markers and
+    bisected culprits as crosses on the first run after them.
 
     ``y_axis``: one of Y_AXES. With Y_PERCENT every value is drawn as a percentage of the series'
     median (hover text keeps the measured values)."""
@@ -168,6 +170,15 @@ def history_figure(series: pd.DataFrame, metric: str, marks: pd.DataFrame, by_co
             hovertemplate="%{customdata}<extra></extra>"))
         for x in hit[xcol]:
             fig.add_vline(x=x, line_dash="dash", line_color=color, opacity=0.5)
+    if culprits is not None and not culprits.empty:
+        hit = s.merge(culprits, on="run_id")
+        fig.add_trace(go.Scatter(
+            x=hit[xcol], y=hit[ycol], mode="markers", name="culprit (bisected)",
+            marker={"color": REGRESSION_COLOR, "size": 20, "symbol": "x-thin-open", "line": {"width": 3}},
+            customdata=[f"culprit {str(c)[:10]}: {subj or ''}<br>first bad between {str(g)[:10]} and {str(b)[:10]}"
+                        for c, subj, g, b in zip(hit["first_bad"], hit["subject"], hit["good"], hit["bad"],
+                                                 strict=True)],
+            hovertemplate="%{customdata}<extra></extra>"))
     if by_commit:
         fig.update_xaxes(tickmode="array", tickvals=s["position"], ticktext=[str(c)[:7] for c in s["commit"]])
     if y_axis == Y_FROM_ZERO:

@@ -107,9 +107,12 @@ def config_labels(df: pd.DataFrame) -> pd.Series:
         fp = row.get("fingerprint")
         return f"{text} [{str(fp)[:6]}]" if _present(fp) else text
 
+    def key(row) -> tuple:  # NaN != NaN: a missing field (an imported run without tp) must still match
+        return tuple(v if _present(v) else None for v in row)
+
     keys = df[[c for c in (*CONFIG_FIELDS, "fingerprint") if c in df.columns]].drop_duplicates()
-    names = {tuple(r): one(dict(zip(keys.columns, r, strict=True))) for r in keys.itertuples(index=False)}
-    return pd.Series([names[tuple(r)] for r in df[keys.columns].itertuples(index=False)], index=df.index)
+    names = {key(r): one(dict(zip(keys.columns, r, strict=True))) for r in keys.itertuples(index=False)}
+    return pd.Series([names[key(r)] for r in df[keys.columns].itertuples(index=False)], index=df.index)
 
 
 def _present(value) -> bool:
@@ -205,6 +208,31 @@ def mark_change_points(cps: pd.DataFrame, metric: str, concurrency: int) -> pd.D
     worse = sel["rel_change"] < 0 if higher else sel["rel_change"] > 0
     sel["kind"] = np.where(worse, "regression", "improvement")
     return sel
+
+
+COMMIT_URL_ENV = "K2BENCH_COMMIT_URL"  # e.g. https://github.com/org/repo/commit/{commit}
+
+
+def commit_url(commit, template: str | None = None) -> str | None:
+    """The web page of a commit, from K2BENCH_COMMIT_URL (a template with {commit}); None without one."""
+    template = template if template is not None else os.environ.get(COMMIT_URL_ENV)
+    if not template or not commit or not isinstance(commit, str) or "{commit}" not in template:
+        return None
+    return template.format(commit=commit)
+
+
+def mark_culprits(culprits: pd.DataFrame | None, series: pd.DataFrame, metric: str,
+                  concurrency: int) -> pd.DataFrame:
+    """Bisected culprits of one metric and level, placed on the run where the series first got worse
+    (the bisection's bad end: the culprit itself usually has no run of its own)."""
+    cols = ["run_id", "bad", "good", "first_bad", "subject"]
+    if culprits is None or culprits.empty or series.empty:
+        return pd.DataFrame(columns=cols)
+    sel = culprits[(culprits["metric"] == metric) & (culprits["concurrency"] == concurrency)
+                   & culprits["first_bad"].notna()]
+    runs = series[["run_id", "commit"]].drop_duplicates("commit", keep="first")
+    hit = sel.merge(runs, left_on="bad", right_on="commit")
+    return hit[cols].drop_duplicates(["run_id", "first_bad"]).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- compare

@@ -19,6 +19,9 @@ from k2bench.errors import UserError
 # Order is the order shown in --help. Each module registers its own subcommands.
 COMMAND_MODULES = (
     "sweep",  # k2bench sweep
+    "recipes",  # k2bench recipes
+    "suite",  # k2bench suite list|run|matrix|submit
+    "history",  # k2bench backfill / bisect
     "runs",  # k2bench runs / show / export / import
     "regress",  # k2bench regress / changepoints
     "dashboard",  # k2bench dashboard

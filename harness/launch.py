@@ -75,7 +75,8 @@ class Server:
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, host: str, port: int,
                  log_path: Path, ready_timeout_s: float, flags: list[str] | None = None,
-                 version_argv: list[str] | None = None, name: str = "server", api_key: str | None = None) -> None:
+                 version_argv: list[str] | None = None, name: str = "server", api_key: str | None = None,
+                 cwd: str | Path | None = None) -> None:
         self.argv = argv
         self.env = dict(env or {})
         self.host, self.port = host, port
@@ -85,6 +86,7 @@ class Server:
         self.version_argv = version_argv
         self.name = name
         self.api_key = api_key
+        self.cwd = cwd  # a backfilled commit's worktree: the server runs from there
         self.proc: subprocess.Popen | None = None
         self.version: str | None = None
         self.exit_code: int | None = None  # once the process has exited: its code, or -signal
@@ -112,7 +114,7 @@ class Server:
         try:
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, cwd=self.cwd)
         except OSError as exc:
             raise ServerError(f"cannot start {self.name} ({self.argv[0]}): {exc.strerror or exc}") from None
         finally:
@@ -218,18 +220,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def from_recipe(name: str, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
+def from_recipe(name: str | recipes.Recipe, *, model: str, tp: int = 1, port: int | None = None, host: str = "127.0.0.1",
                 extra_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
-                ready_timeout_s: float | None = None, api_key: str | None = None) -> Server:
-    """A Server (not yet started) for recipe ``name``; its log is named by time, recipe and port."""
-    recipe = recipes.get(name)
+                ready_timeout_s: float | None = None, api_key: str | None = None,
+                cwd: str | Path | None = None) -> Server:
+    """A Server (not yet started) for recipe ``name`` (or a Recipe, e.g. from --server-cmd); its log is
+    named by time, recipe and port."""
+    recipe = name if isinstance(name, recipes.Recipe) else recipes.get(name)
     port = port or free_port(host)
     argv, flags = recipes.render(recipe, model=model, tp=tp, port=port, host=host, extra_args=extra_args)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_path = Path(log_dir) / f"{stamp}-{recipe.name}-{port}.log"
     return Server(argv, env=recipe.env, host=host, port=port, log_path=log_path,
                   ready_timeout_s=ready_timeout_s or recipe.ready_timeout_s, flags=flags,
-                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key)
+                  version_argv=recipes.version_command(recipe), name=f"{recipe.name} server", api_key=api_key,
+                  cwd=cwd)
 
 
 @dataclass
@@ -289,24 +294,30 @@ class ServerHandle:
 def open_server(*, url: str | None = None, engine: str | None = None, model: str | None = None, tp: int = 1,
                 server_args: str | list[str] | None = None, log_dir: str | Path = "results/logs",
                 ready_timeout_s: float | None = None, api_key: str | None = None,
+                server_cmd: str | None = None, cwd: str | Path | None = None,
                 say: Callable[[str], None] = lambda text: None) -> Iterator[ServerHandle]:
-    """Attach to ``url``, or launch recipe ``engine`` (default: the bundled engine on its tiny model),
-    wait until it serves, yield its handle, and stop what was launched on the way out."""
+    """Attach to ``url``, or launch recipe ``engine`` (default: the bundled engine on its tiny model) or
+    the ``server_cmd`` command line (the custom recipe; run in ``cwd`` when given), wait until it
+    serves, yield its handle, and stop what was launched on the way out."""
     from k2bench.harness.loadgen import probe, run
 
     if url:
         base = normalize_base_url(url)
         yield ServerHandle(url=base, engine=engine or "external", served_models=run(probe(base, api_key=api_key)))
         return
-    name = engine or "bundled"
-    recipe = recipes.get(name)
+    if server_cmd:
+        recipe = recipes.custom(server_cmd)
+        name = recipe.name
+    else:
+        name = engine or "bundled"
+        recipe = recipes.get(name)
     model = model or recipe.default_model
     if model is None:
         if name != "bundled":
             raise UserError(f"--engine {name} needs --model (a model path or hub id)")
         model = str(ensure_tiny_model(say=say))
-    server = from_recipe(name, model=model, tp=tp, extra_args=server_args, log_dir=log_dir,
-                         ready_timeout_s=ready_timeout_s, api_key=api_key)
+    server = from_recipe(recipe, model=model, tp=tp, extra_args=server_args, log_dir=log_dir,
+                         ready_timeout_s=ready_timeout_s, api_key=api_key, cwd=cwd)
     say(f"starting {name}: {server.command}  (log: {server.log_path})")
     with server:
         handle = ServerHandle(url=server.base_url, engine=name,

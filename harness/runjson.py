@@ -135,6 +135,11 @@ def validate_run(run, where: str = "run") -> dict:
 
 def validate_point(point, where: str = "point") -> dict:
     out = _check_fields(point, schema.POINT, where)
+    counts = [out[k] for k in ("num_prompts", "completed", "failed")]
+    if all(c is None for c in counts):  # an imported result without request counts
+        return out
+    if any(c is None for c in counts):
+        raise UserError(f"{where}: num_prompts, completed and failed are given together or all null")
     if out["completed"] + out["failed"] != out["num_prompts"]:
         raise UserError(f"{where}: completed + failed ({out['completed']} + {out['failed']}) != num_prompts ({out['num_prompts']})")
     return out

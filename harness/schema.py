@@ -39,9 +39,11 @@ SCHEMA_VERSION = 2
 
 
 def update_to_2(doc: dict) -> dict:
-    """Version 2 adds per-level energy, cost, server metrics and their flat figures (j_per_token,
-    tokens_per_j, usd_per_mtok, usd_per_mtok_output, pct_roofline): all optional, so a version-1
-    level reads as not measured (null)."""
+    """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
+    that does not count requests), and adds per-level energy, cost, server metrics and their flat
+    figures (j_per_token, tokens_per_j, usd_per_mtok, usd_per_mtok_output, pct_roofline), all
+    optional; every version-1 document is a valid version-2 one as it is (a level without them
+    reads as not measured)."""
     return doc
 
 
@@ -141,9 +143,10 @@ class Point:
 
     concurrency: int = col("pos_int", Integer(), "requests in flight", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "repeat number", nullable=False, default=0)
-    num_prompts: int = col("nonneg_int", Integer(), "measured requests", required=True, nullable=False)
-    completed: int = col("nonneg_int", Integer(), "successful requests", required=True, nullable=False)
-    failed: int = col("nonneg_int", Integer(), "failed requests", required=True, nullable=False)
+    # null only in results imported from a tool that does not report them (InferenceX), all three together
+    num_prompts: int | None = col("nonneg_int?", Integer(), "measured requests", required=True)
+    completed: int | None = col("nonneg_int?", Integer(), "successful requests", required=True)
+    failed: int | None = col("nonneg_int?", Integer(), "failed requests", required=True)
     osl_mismatches: int | None = col("nonneg_int?", Integer(), "requests whose output length differed from OSL",
                                      nullable=False, default=0)
     errors: list[str] | None = col("str_list?", JSON(), "first error messages", default=[])

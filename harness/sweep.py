@@ -34,6 +34,8 @@ class SweepConfig:
     workload: Workload
     url: str | None = None
     engine: str | None = None
+    server_cmd: str | None = None  # launch this command line instead of a recipe (the custom recipe)
+    server_cwd: str | None = None  # where the launched server runs (a backfilled commit's worktree)
     model: str | None = None
     tp: int = 1
     num_prompts: int | None = None  # per level; default 10 x concurrency
@@ -68,8 +70,11 @@ class SweepConfig:
         return round((2 if self.warmup_x is None else self.warmup_x) * conc)
 
     def validate(self) -> None:
-        if self.url and self.engine:
-            raise UserError("give either --url (attach to a running server) or --engine (launch one), not both")
+        given = [flag for flag, v in (("--url", self.url), ("--engine", self.engine),
+                                      ("--server-cmd", self.server_cmd)) if v]
+        if len(given) > 1:
+            raise UserError(f"give either --url (attach to a running server) or --engine / --server-cmd (launch "
+                            f"one), not both ({' and '.join(given)})")
         for name in ("tp", "trials"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be at least 1")
@@ -172,7 +177,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     try:
         with _sigterm_as_interrupt(), contextlib.ExitStack() as stack, launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
-                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key, say=say) as srv:
+                log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
+                server_cmd=cfg.server_cmd, cwd=cfg.server_cwd, say=say) as srv:
             served = srv.served_models
             request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
             model_dir: Path | None = srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir()

@@ -1,4 +1,5 @@
-"""History page: one metric at one concurrency across commits and time, change points marked."""
+"""History page: one metric at one concurrency across commits and time, change points and bisected
+culprits marked, each commit linked to its page (K2BENCH_COMMIT_URL)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
     stored = cache.change_points(url, fp, br)
     marks = data.mark_change_points(stored, metric, conc)
     marks = marks[marks["run_id"].isin(series["run_id"])] if not marks.empty else marks
-    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit, y_axis=y_axis),
+    culprits = data.mark_culprits(cache.culprits(url, br), series, metric, conc)
+    st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit, y_axis=y_axis,
+                                          culprits=culprits),
                     key="history_chart")
     regressions = marks[marks["kind"] == "regression"] if not marks.empty else marks
     if not regressions.empty:
@@ -60,8 +63,20 @@ def render(url: str, runs: pd.DataFrame) -> None:
     else:
         st.success(f"{len(marks)} change point(s), none of them a regression.")
     st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
-    st.dataframe(series, hide_index=True, column_config=table_columns(series), key="history_table")
+    columns = table_columns(series)
+    if data.commit_url("0"):
+        columns["commit"] = st.column_config.LinkColumn("commit", display_text=r"/commit/([0-9a-f]{10})")
+    table = series.assign(commit=[data.commit_url(c) or c for c in series["commit"]])
+    st.dataframe(table, hide_index=True, column_config=columns, key="history_table")
     csv_download(series, "history", key="history_csv")
+    if not culprits.empty:
+        st.subheader("Bisected culprits")
+        st.caption("`k2bench bisect` named these commits as the first bad ones; each is marked on the first "
+                   "run after it.")
+        shown = culprits.assign(first_bad=[data.commit_url(c) or c for c in culprits["first_bad"]])
+        st.dataframe(shown[["first_bad", "subject", "good", "bad", "run_id"]], hide_index=True,
+                     key="history_culprits", column_config={"first_bad": st.column_config.LinkColumn(
+                         "culprit", display_text=r"/commit/([0-9a-f]{10})")} if data.commit_url("0") else None)
     if not marks.empty:
         st.subheader("Change points")
         cp = marks[["commit", "run_id", "rel_change", "p_value", "kind", "mean_before", "mean_after"]]

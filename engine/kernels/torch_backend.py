@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
+from k2bench.engine.kernels.backend import AttentionPlan
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
 
 
 @dataclass
-class AttentionPlan:
+class TorchPlan(AttentionPlan):
     """Where each sequence's context lives in the flat cache, for one step (the same for every layer)."""
 
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
@@ -35,6 +36,7 @@ CPU_PAIR_BUDGET = 1 << 20  # pairs x elements of one expert's w13 (packed bytes 
 
 class TorchBackend:
     name = "torch"
+    graph_decode = False  # its plans are built on the host
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
@@ -137,7 +139,7 @@ class TorchBackend:
         y = (y * topk_weights.view(T, k, 1).to(y.dtype)).float().sum(dim=1)
         return y.to(xq.dtype)
 
-    def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
+    def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TorchPlan:
         """Per-step gather indices, shared by every layer: built once per forward, not once per layer."""
         cu = meta.cu_seqlens_q.tolist()
         ctx_lens = meta.context_lens.tolist()
@@ -165,7 +167,11 @@ class TorchBackend:
                 valid = torch.arange(width, device=dev).unsqueeze(0) < meta.context_lens[rows].unsqueeze(1)
                 idx = meta.cu_seqlens_q[rows].to(torch.long)
                 groups.append((idx, slots, valid, width))
-        return AttentionPlan(prefills, groups)
+        return TorchPlan(prefills, groups)
+
+    def decode_plan(self, meta: AttentionMetadata, kv_dim: int) -> TorchPlan:
+        """Decode steps need nothing special here: the general plan (it reads lengths on the host)."""
+        return self.plan_attention(meta, kv_dim)
 
     def mla(
         self,
@@ -183,6 +189,8 @@ class TorchBackend:
         everything in the absorbed form: q_nope is multiplied into the latent space, attention runs
         over the cached latents (`mla_attention`), and w_uv maps the latent output to the values.
         """
+        if not isinstance(plan, TorchPlan):
+            raise TypeError(f"the torch backend got a {type(plan).__name__}, not its own plan")
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
         o_lat = self.mla_attention(q_lat, q_pe, kv_cache, plan, scale, w_uk.shape[-1])
         return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)
@@ -192,7 +200,7 @@ class TorchBackend:
         q_lat: torch.Tensor,
         q_pe: torch.Tensor,
         kv_cache: torch.Tensor,
-        plan: AttentionPlan,
+        plan: TorchPlan,
         scale: float,
         kv_lora_rank: int,
     ) -> torch.Tensor:

@@ -22,7 +22,7 @@ accumulate in float32. Nothing here reads a tensor value on the host, and the nu
 from shapes only, so the call can be captured in a CUDA graph.
 
 Runs on a CUDA GPU, or on CPU under TRITON_INTERPRET=1 (set before triton compiles anything), which is
-how tests/engine/test_triton_attention.py exercises it.
+how tests/engine/kernels/test_triton_attention.py exercises it.
 """
 
 from __future__ import annotations
@@ -187,15 +187,23 @@ def mla_decode(
     num_splits: context slices per sequence (None: `default_num_splits`); block_n, num_warps and
     num_stages tune stage 1 (not yet measured on a GPU: the defaults are a first guess); block_h is
     the heads per program (16, 32 or 64: fewer re-reads of the cache, a larger accumulator). Left at
-    their defaults, 32 or more heads run 32 per program in 64-token tiles with 8 warps (0.68 against
-    0.79 ms at 128 x 8k contexts and 32 heads on an H200), fewer heads 16 per program in 32-token tiles.
+    their defaults, 64 or more heads in bf16 / fp16 run 64 per program (each latent tile read once for all heads of
+    the sequence) in 64-token tiles with 8 warps: on an H200 at 64 heads and 8k contexts 0.71 against
+    1.24 ms for 2 x 32 heads at batch 128, 0.31 against 0.41 at 32, 0.091 against 0.139 at 4
+    (bench/results/2026-11-30_h200_engine/kernel_tune.json); float32 queries and 32 to 63 heads run 32 per program in
+    64-token tiles with 8 warps (0.68 against 0.79 ms at 128 x 8k and 32 heads), fewer 16 per program
+    in 32-token tiles.
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
     _, page, width = kv_cache.shape
     if block_h is None:  # tiles measured best on an H200 by bench/engine_kernel_tune.py (8k contexts)
-        block_h, block_n, num_warps = (32, 64, 8) if H >= 32 and block_n == BLOCK_N and num_warps == NUM_WARPS \
-            else (BLOCK_H, block_n, num_warps)
+        if H >= 32 and block_n == BLOCK_N and num_warps == NUM_WARPS:
+            # 64 float32 heads x 64-token tiles ask for 305 KiB of shared memory (an H200 has 227)
+            wide = H >= 64 and q_lat.element_size() <= 2
+            block_h, block_n, num_warps = (64 if wide else 32), 64, 8
+        else:
+            block_h = BLOCK_H
     if q_pe.shape[:2] != (B, H) or width != r + p:
         raise ValueError(f"shapes do not fit: q_lat {tuple(q_lat.shape)}, q_pe {tuple(q_pe.shape)}, "
                          f"kv_cache {tuple(kv_cache.shape)}")

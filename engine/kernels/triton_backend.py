@@ -26,12 +26,13 @@ import triton
 import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.kernels import BackendError
+from k2bench.engine.kernels.backend import AttentionPlan, BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
-from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4, quantize_mxfp4
+from k2bench.engine.kernels.triton_quant import fake_quantize
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
 
 
 @triton.jit
@@ -96,6 +97,19 @@ def native_fp4(device: torch.device) -> bool:
 
 # auto split-K only for decode-sized M: prefill launches already have programs to spare
 GEMM_SPLIT_MAX_M = 64
+# From this many rows on, a GPU without FP4 units runs an MXFP4 linear as one dequantisation to bf16
+# and a cuBLAS GEMM. On an H200 (bench/engine_prefill_bench.py, N x K = 18432 x 7168 and 4096 x 7168)
+# _mxfp4_gemm won up to 512 rows (0.72 vs 0.92 ms) and lost from 2048 on (2.7 vs 1.4 ms; 11.3 vs
+# 3.3 ms at 8192): dot_scaled's upcast caps it near 190 TFLOP/s, cuBLAS reaches ~650.
+DEQUANT_MIN_M = 1024
+
+
+def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool) -> torch.Tensor:
+    """x @ dequant(W)^T through the BLAS: the same products as `mxfp4_matmul` on a GPU without FP4 units
+    (weights decode exactly to bf16; A4W4 activations are quantise-dequantised, which bf16 holds)."""
+    xq = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16)  # what the kernel feeds its dot
+    dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16  # float32 runs (checks) sum in float32
+    return F.linear(xq.to(dtype), dequantize_mxfp4(weight, weight_scale, dtype)).to(x.dtype)
 
 
 def gemm_split_k(m: int, n: int, k: int) -> int:
@@ -131,7 +145,7 @@ def mxfp4_matmul(
         # Without FP4 units dot_scaled upcasts both operands anyway; the quantise-dequantise of the
         # activations is exact in bf16, so the bf16 x FP4 form computes the same products, and
         # measured 1.05-2.3x faster on an H200 (bench/engine_kernel_tune.py).
-        x2, a4w4 = fake_quantize_mxfp4(x2), False
+        x2, a4w4 = fake_quantize(x2), False
     if a4w4:
         xa, xs = quantize_mxfp4(x2)
     else:
@@ -156,7 +170,7 @@ def mxfp4_matmul(
 
 
 @dataclass
-class TritonPlan:
+class TritonPlan(AttentionPlan):
     """One step's attention plan: prefill chunks as the torch backend lists them, decodes as tensors."""
 
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
@@ -174,9 +188,13 @@ def prefill_attention(
     (the chunk's own tokens are the last n). Per-head keys [k_nope | k_pe] and values are rebuilt
     from the latents with kv_b_proj's halves w_uk [H, nope, r] and w_uv [H, v, r]: a prefill has
     as many queries as keys, so the expanded form (head dim nope + rope = 192) costs about a third of
-    the absorbed one's (r + rope = 576) FLOPs, and SDPA's flash kernels never hold the score matrix.
+    the absorbed one's (r + rope = 576) FLOPs, and the fused kernels never hold the score matrix.
     The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
-    Values are zero-padded to the key width so the flash kernels (equal head dims) accept them.
+
+    Tensors go in as [1, H, len, D] (the fused kernels take 4-D only; 3-D falls back to the math
+    kernel and its materialised scores) and values keep their own width v (no zero padding to the key
+    width), which the memory-efficient and cuDNN kernels accept; tests/engine/kernels/
+    test_triton_gpu_shapes.py checks on the GPU that a fused kernel takes these shapes.
     """
     n, H, _ = q_nope.shape
     ctx = kv.shape[0]
@@ -184,21 +202,19 @@ def prefill_attention(
     kv = kv.to(q_nope.dtype)
     latent, k_pe = kv[:, :r], kv[:, r:]
     k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, ctx, nope]
-    v = torch.einsum("cr,hvr->hcv", latent, w_uv)  # [H, ctx, v]
-    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, ctx, -1)), dim=-1)
-    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1)  # [H, n, D]
-    dv = v.shape[-1]
-    if dv < q.shape[-1]:
-        v = F.pad(v, (0, q.shape[-1] - dv))
+    v = torch.einsum("cr,hvr->hcv", latent, w_uv).unsqueeze(0)  # [1, H, ctx, v]
+    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, ctx, -1)), dim=-1).unsqueeze(0)
+    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
     if n == ctx:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx), scale=scale)
-    return o[..., :dv].transpose(0, 1)  # [n, H, v]
+    return o[0].transpose(0, 1)  # [n, H, v]
 
 
 class TritonBackend(TorchBackend):
     name = "triton"
+    graph_decode = True  # decode_plan reads no tensor on the host
 
     def __init__(self, device: str = "cpu") -> None:
         super().__init__(device)
@@ -211,6 +227,8 @@ class TritonBackend(TorchBackend):
     ) -> torch.Tensor:
         if weight_scale is None:
             return F.linear(x, weight)
+        if x.numel() >= DEQUANT_MIN_M * x.shape[-1] and not native_fp4(x.device):
+            return dequant_linear(x, weight, weight_scale, a4w4=a4w4)
         return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
 
     def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
@@ -245,7 +263,7 @@ class TritonBackend(TorchBackend):
         rows = meta.cu_seqlens_q[seqs].to(torch.long)
         return TritonPlan(prefills, rows, tables[seqs], meta.context_lens[seqs])
 
-    def decode_plan(self, meta: AttentionMetadata) -> TritonPlan:
+    def decode_plan(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """The plan of a step where every sequence brings one token, from tensors only (no host sync)."""
         return TritonPlan([], None, meta.block_tables, meta.context_lens)
 

@@ -20,7 +20,7 @@ Design (the same shape as the usual "align, then grouped GEMM" fused MoE):
    of atomics: the result stays deterministic; a split changes only the float32 summation order.
 
 Numerics: activations enter each GEMM as bf16 (W4), or fake-quantised MXFP4 values, which bf16
-holds exactly (A4W4: x before w13, h before w2, quantised by engine/mxfp4.py in torch; h is then
+holds exactly (A4W4: x before w13, h before w2, quantised by triton_quant.fake_quantize; h is then
 kept in float32 until it is quantised). Weights are decoded exactly, except that in the "dequant"
 variant a scale code of 0 decodes as 0 (|w| < 2^-124) and a GPU may flush products below 2^-126.
 Accumulation is float32. Memory: h [T*k, L] (bf16, float32 in A4W4) and y [T*k, H] float32, e.g.
@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from k2bench.engine.mxfp4 import BLOCK, fake_quantize_mxfp4
+from k2bench.engine.kernels.triton_quant import fake_quantize
+from k2bench.engine.model.mxfp4 import BLOCK
 
 VARIANTS = ("dequant", "dot_scaled")
 # bench/engine_kernel_tune.py on an H200 (triton 3.6, TP 2 widths, A4W4): dot_scaled was 5-14% faster
@@ -257,6 +258,7 @@ def _moe_down(
 
 
 PREFILL_PAIRS_PER_EXPERT = 128  # from here on, tiles of 128 x 128 with 8 warps
+DECODE_WIDE_PAIRS = 256  # from here on (e.g. 32 tokens x top 8), 128 columns per program
 
 
 def default_block_m(num_pairs: int, num_experts: int) -> int:
@@ -349,6 +351,11 @@ def fused_moe_mxfp4(
         # prefill-sized: bigger tiles (bench/results/h200_kernels/kernel_tune_moe_prefill.json: 24.9
         # against 28.7 ms at 8192 tokens, TP 2 widths, on an H200)
         bm, block_n, num_warps, num_stages = 128, 128, 8, 3
+    elif pairs >= DECODE_WIDE_PAIRS and (block_n, num_warps, num_stages) == (64, 4, None):
+        # batched decode: 128 weight columns per program, 3 stages (TP 1 widths on an H200: 7.90 against
+        # 8.90 ms at 128 tokens, 4.29 against 4.80 at 32; at 4 tokens 1.22 against 1.19, so not there;
+        # bench/results/2026-11-30_h200_engine/kernel_tune.json)
+        block_n, num_stages = 128, 3
     bn1, bn2 = block_n, down_block_n or block_n
     bk1 = _block_k(hidden, block_k)
     if down_block_k is None and block_k is not None and inter % block_k == 0:
@@ -366,7 +373,7 @@ def fused_moe_mxfp4(
     dot_scaled = variant == "dot_scaled"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
 
-    xa = (fake_quantize_mxfp4(x) if a4w4 else x).to(torch.bfloat16).contiguous()
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
     # A4W4 keeps h in float32 until it is quantised, as the torch backend does for float32 input.
     # The interpreter's float32 -> bf16 cast truncates (the GPU's rounds to nearest even), so there
     # h is stored as float32 and rounded by torch.
@@ -391,7 +398,7 @@ def fused_moe_mxfp4(
         if not a4w4:
             h = h.to(torch.bfloat16)
     if a4w4:
-        h = fake_quantize_mxfp4(h).to(torch.bfloat16)
+        h = fake_quantize(h, torch.bfloat16)
     elif interpret:
         h = h.to(torch.bfloat16)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()

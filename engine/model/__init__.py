@@ -1,5 +1,2 @@
-"""The DeepSeek-V3 / Kimi-K2 model: MLA attention over a paged latent cache, dense then MoE MLPs."""
-
-from k2bench.engine.model.deepseek import DeepseekV3ForCausalLM
-
-__all__ = ["DeepseekV3ForCausalLM"]
+"""Model side of the engine: config, MXFP4 format, checkpoint loading, parallel layers, the DeepSeek-V3 /
+Kimi-K2 model and its loader. It calls kernels only through the backend it is given (`kernels.KernelBackend`)."""

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.config import ModelConfig
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.config import ModelConfig
 from k2bench.engine.model.layers import RMSNorm, Rotary
-from k2bench.engine.parallel import Linear, Parallel, TensorSpec
+from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec
 
 _FP8_MAX = {dt: torch.finfo(dt).max for dt in (torch.float8_e4m3fn, torch.float8_e5m2)}
 

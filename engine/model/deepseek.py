@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from k2bench.engine.attn_meta import AttentionMetadata
-from k2bench.engine.config import ModelConfig
 from k2bench.engine.model.attention import MLAttention
+from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.config import ModelConfig
 from k2bench.engine.model.layers import RMSNorm
 from k2bench.engine.model.moe import DenseMLP, MoE
-from k2bench.engine.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
 
 
 class DecoderLayer(nn.Module):

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from k2bench.engine.config import RopeConfig, yarn_get_mscale
-from k2bench.engine.parallel import TensorSpec, float_spec, replicated_param
+from k2bench.engine.model.config import RopeConfig, yarn_get_mscale
+from k2bench.engine.model.parallel import TensorSpec, float_spec, replicated_param
 
 
 class RMSNorm(nn.Module):

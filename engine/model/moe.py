@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from k2bench.engine.config import ModelConfig
-from k2bench.engine.mxfp4 import BLOCK
-from k2bench.engine.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+from k2bench.engine.model.config import ModelConfig
+from k2bench.engine.model.mxfp4 import BLOCK
+from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
 
 
 class DenseMLP(nn.Module):

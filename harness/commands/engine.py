@@ -37,14 +37,14 @@ def run_tiny(args: argparse.Namespace) -> int:
     if args.layers is not None and args.layers < 1:
         raise UserError(f"--layers must be at least 1, not {args.layers}")
     try:
-        from k2bench.engine.tiny import write_tiny_checkpoint
+        from k2bench.engine.model.tiny import write_tiny_checkpoint
     except ImportError as exc:
         raise UserError(f"the bundled engine needs its extra: pip install 'k2bench[engine]' ({exc})") from exc
     from dataclasses import replace
 
     import torch
 
-    from k2bench.engine.tiny import PRESETS
+    from k2bench.engine.model.tiny import PRESETS
 
     try:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():

@@ -42,11 +42,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_arg(e)
     e.set_defaults(handler=_export)
 
-    i = sub.add_parser("import", help="store k2bench.run JSON files as new runs",
+    i = sub.add_parser("import", help="store k2bench.run JSON files (or other tools' results) as new runs",
                        description="Every file is validated before anything is written; each file is then "
-                                   "stored in one transaction (all of it or none of it).")
+                                   "stored in one transaction (all of it or none of it). With --from, other "
+                                   "tools' result files are mapped to runs (one per configuration, a level per "
+                                   "file); figures a tool does not report are stored as missing.")
     i.add_argument("files", nargs="+", metavar="FILE")
     add_db_arg(i)
+    other = i.add_argument_group("other tools' results (--from)")
+    other.add_argument("--from", dest="source", choices=("vllm", "inferencex", "aiperf"),
+                       help="vllm: `vllm bench serve --save-result` JSON; inferencex: per-configuration result "
+                            "JSON; aiperf: profile_export_aiperf.json")
+    other.add_argument("--gpus", type=int, default=None, help="GPUs that served the run (when the file lacks it)")
+    other.add_argument("--engine", help="engine that was measured (default: from the file, else 'unknown')")
+    other.add_argument("--hardware", help="hardware to record")
+    other.add_argument("--commit", help="commit to record")
+    other.add_argument("--branch", help="branch to record")
+    other.add_argument("--tag", action="append", metavar="KEY=VALUE", help="tag to record (repeatable)")
     i.set_defaults(handler=_import)
 
 
@@ -81,7 +93,7 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
         row += ["-" if flat.get(f.name) is None else f"{flat[f.name]:,.{f.decimals}f}"
                 for f in schema.LEVEL_TABLE_FIELDS]
-        row.append(f"{p['failed']}/{p['num_prompts']}")
+        row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
         table.add_row(*row)
@@ -173,7 +185,16 @@ def _export(args) -> int:
 def _import(args) -> int:
     from k2bench.harness.runjson import load_doc
 
-    docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
+    if args.source:
+        from k2bench.harness import importers
+        from k2bench.harness.commands.sweep import parse_tags
+
+        opts = importers.ImportOptions(gpus=args.gpus, engine=args.engine, hardware=args.hardware,
+                                       commit=args.commit, branch=args.branch, tags=parse_tags(args.tag))
+        mapped = importers.to_documents(args.source, args.files, opts)
+        docs = [(", ".join(doc["run"]["extra"]["imported_files"]), doc) for doc in mapped]
+    else:
+        docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
     with _open(args) as store:
         for path, doc in docs:
             run_id = store.import_run(doc)

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # The engine's own defaults and names, from its torch-free modules (imported here, not at module
     # level: this is the one door from the CLI into the engine), so --help shows the real values.
     from k2bench.engine.kernels import backend_names
-    from k2bench.engine.runtime_config import KV_CACHE_DTYPES, RuntimeConfig
+    from k2bench.engine.runtime.runtime_config import KV_CACHE_DTYPES, RuntimeConfig
 
     rt = RuntimeConfig()
     p = sub.add_parser("serve", help="serve a Kimi-K2 / DeepSeek-V3 checkpoint with the bundled engine",
@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("k2bench serve needs the engine extra: pip install -e '.[engine]'") from None
-    from k2bench.engine.build import EngineConfigError, EngineOptions, build_engine
-    from k2bench.engine.runtime_config import RuntimeConfig
-    from k2bench.engine.server import serve
-    from k2bench.engine.tokenizer import Tokenizer, TokenizerError
+    from k2bench.engine.runtime.build import EngineConfigError, EngineOptions, build_engine
+    from k2bench.engine.runtime.runtime_config import RuntimeConfig
+    from k2bench.engine.runtime.server import serve
+    from k2bench.engine.runtime.tokenizer import Tokenizer, TokenizerError
 
     model = Path(args.model)
     if not (model / "config.json").is_file():

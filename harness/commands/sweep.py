@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--url", help="attach to a running OpenAI-compatible server, e.g. http://host:8000")
     target.add_argument("--engine", help="launch a server through this recipe (bundled, atom, vllm, sglang, "
                                          "testserver; default bundled)")
+    target.add_argument("--server-cmd", metavar="CMD",
+                        help="launch this command line instead of a recipe (the custom recipe): {port} (a free "
+                             "port k2bench picks; required), {host}, {model}, {tp} and {python} are filled in")
     target.add_argument("--model", help="model path or id (default for bundled: the tiny generated model)")
     target.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     target.add_argument("--server-args", default=None,
@@ -148,7 +151,8 @@ def _config(args: argparse.Namespace):
     warmup, warmup_x = parse_count(args.warmup, "--warmup")
     return SweepConfig(
         levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
-        url=args.url, engine=args.engine, model=args.model, tp=args.tp, num_prompts=num_prompts,
+        url=args.url, engine=args.engine, server_cmd=args.server_cmd, model=args.model, tp=args.tp,
+        num_prompts=num_prompts,
         num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x, trials=args.trials, db=args.db,
         json_path=args.json_path, commit=args.commit,
         branch=args.branch, tags=parse_tags(args.tag), gpus=args.gpus, timeout_s=args.timeout,

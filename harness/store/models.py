@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Column,
     DateTime,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -97,3 +99,22 @@ class ChangePoint(Base):
     mean_after: Mapped[float | None] = mapped_column(Float)
     rel_change: Mapped[float | None] = mapped_column(Float)
     p_value: Mapped[float | None] = mapped_column(Float)
+
+
+class Culprit(Base):
+    """What a bisection found: the first bad commit (or none) between good and bad, with its steps."""
+
+    __tablename__ = "culprits"
+    __table_args__ = (Index("ix_culprits_series", "fingerprint", "branch"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    branch: Mapped[str | None] = mapped_column(String(255))
+    metric: Mapped[str] = mapped_column(String(64))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    good: Mapped[str] = mapped_column(String(64))
+    bad: Mapped[str] = mapped_column(String(64))
+    first_bad: Mapped[str | None] = mapped_column(String(64), index=True)
+    subject: Mapped[str | None] = mapped_column(Text)
+    steps: Mapped[list | None] = mapped_column(JSON)
+    created_at: Mapped[datetime | None] = mapped_column(DateTime)

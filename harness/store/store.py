@@ -23,6 +23,7 @@ from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import db
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
+from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
 from k2bench.harness.store.liveness import current_writer, writer_alive
 from k2bench.harness.store.models import ChangePoint, Point, Request, Run
@@ -49,7 +50,7 @@ def effective_status(run: Run) -> str:
     return run.status
 
 
-class Store(FramesMixin):
+class Store(FramesMixin, CulpritsMixin):
     """Handle on one k2bench database. Use ``Store.open(url)``."""
 
     def __init__(self, url: str, read_engine: Engine, write_engine: Engine | None):

@@ -32,9 +32,13 @@ def _load(name: str) -> dict:
 def _check_common(doc: dict, script: str) -> dict:
     assert isinstance(doc.get("name"), str) and doc["jobs"]
     (job_name, job), = doc["jobs"].items()
+    return _check_job(job, script)
+
+
+def _check_job(job: dict, script: str | None, labels_needed: tuple[str, ...] = ("self-hosted", "gpu")) -> dict:
     assert set(job) <= ALLOWED_JOB_KEYS, f"unknown job keys: {set(job) - ALLOWED_JOB_KEYS}"
     labels = job["runs-on"]
-    assert isinstance(labels, list) and "self-hosted" in labels and "gpu" in labels
+    assert isinstance(labels, list) and all(label in labels for label in labels_needed)
     steps = job["steps"]
     for step in steps:
         assert set(step) <= ALLOWED_STEP_KEYS, f"unknown step keys: {set(step) - ALLOWED_STEP_KEYS}"
@@ -44,7 +48,8 @@ def _check_common(doc: dict, script: str) -> dict:
     checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))
     assert checkout["with"]["fetch-depth"] == 0  # merge-base and history need the full graph
     runs = [s["run"] for s in steps if "run" in s]
-    assert any(re.search(rf"\bbash ci/{script}\b", r) for r in runs), f"no step calls ci/{script}"
+    if script is not None:
+        assert any(re.search(rf"\bbash ci/{script}\b", r) for r in runs), f"no step calls ci/{script}"
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert upload["if"] == "always()"
     for text in runs + [str(s.get("with", "")) for s in steps] + [str(s.get("env", "")) for s in steps]:
@@ -74,12 +79,24 @@ def test_nightly_workflow_structure():
     cron = trig["schedule"][0]["cron"]
     assert len(cron.split()) == 5
     assert doc["permissions"] == {"contents": "read"}
-    job = _check_common(doc, "nightly.sh")
-    step = next(s for s in job["steps"] if "ci/nightly.sh" in s.get("run", ""))
+    # fan-out: plan (the suite as a matrix), bench (one job per entry on its hardware label), scan (fan-in)
+    assert set(doc["jobs"]) == {"plan", "bench", "scan"}
+    plan, bench, scan = doc["jobs"]["plan"], doc["jobs"]["bench"], doc["jobs"]["scan"]
+    assert "suite matrix" in " ".join(s.get("run", "") for s in plan["steps"]) and "matrix" in plan["outputs"]
+    assert bench["needs"] == "plan" and "fromJSON(needs.plan.outputs.matrix)" in bench["strategy"]["matrix"]
+    assert "${{ matrix.runner }}" in bench["runs-on"] and bench["strategy"]["fail-fast"] is False
+    job = _check_job(bench, None, ("self-hosted",))
+    step = next(s for s in job["steps"] if "suite run" in s.get("run", ""))
+    assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"] and "id=$JOB_ID" in step["run"]
+    assert scan["needs"] == "bench" and scan["if"] == "always()"
+    assert scan["permissions"] == {"contents": "read", "pull-requests": "write"}  # culprit comments only here
+    job = _check_job(scan, "nightly_scan.sh")
+    step = next(s for s in job["steps"] if "ci/nightly_scan.sh" in s.get("run", ""))
     assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
+    assert "vars.K2BENCH_BISECT_SERVER_CMD" in step["env"]["K2BENCH_BISECT_SERVER_CMD"]
 
 
-@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh", "pr_comment.sh"])
+@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh", "nightly_scan.sh", "pr_comment.sh"])
 def test_scripts_are_valid_bash_with_help(script):
     path = CI / script
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

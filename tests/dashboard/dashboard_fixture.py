@@ -29,6 +29,7 @@ LEVELS = (4, 8, 16, 32)
 ENGINES = {"bundled": 1.0, "vllm": 0.8}  # gap scale: vllm is faster per token
 COMMITS = ["a1" * 20, "b2" * 20, "c3" * 20, "d4" * 20]
 REGRESSION_FACTOR = 1.25  # token gaps of the bundled engine at the last commit
+CULPRIT = "e5" * 20  # the commit between the last two that a bisection named (it has no run of its own)
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
 # what a CPU run records as its hardware: long, and the same for every configuration here
 HARDWARE = "Intel(R) Xeon(R) Platinum 8480C Processor @ 2.00GHz"
@@ -146,6 +147,9 @@ def build(url: str) -> Fixture:
             "metric": "tput_per_gpu", "concurrency": 32, "run_id": last, "commit": COMMITS[-1],
             "detected_at": (T0 + timedelta(days=4)).isoformat(), "mean_before": before, "mean_after": after,
             "rel_change": after / before - 1.0, "p_value": 0.001}])
+        store.add_culprit({"fingerprint": fx.fingerprints["bundled"], "branch": "main", "metric": "tput_per_gpu",
+                           "concurrency": 32, "good": COMMITS[-2], "bad": COMMITS[-1], "first_bad": CULPRIT,
+                           "subject": "scheduler: longer token gaps", "steps": []})
     finally:
         store.close()
     return fx

@@ -97,3 +97,14 @@ def test_itl_cdf_is_the_fraction_of_gaps_at_or_below_x(n):
     xs, ys = np.asarray(trace.x, dtype=float), np.asarray(trace.y, dtype=float)
     assert len(xs) == min(n, 5000) and xs[-1] == gaps.max()
     assert np.allclose(ys, [(gaps <= x).mean() for x in xs])
+
+
+def test_config_labels_match_runs_with_missing_fields() -> None:
+    """An imported run may lack tp or hardware (NaN in the frame); NaN != NaN must not lose its label."""
+    df = pd.DataFrame({"engine": ["unknown", "unknown", "vllm"], "engine_version": [None, None, "1"],
+                       "model": ["m", "m", "m"], "precision": [None, None, "bf16"],
+                       "hardware": [float("nan"), float("nan"), "H200"], "num_gpus": [1, 1, 2],
+                       "tp": [float("nan"), float("nan"), 2.0], "workload": [None, None, "8k1k"],
+                       "fingerprint": ["aaaaaa11", "aaaaaa11", "bbbbbb22"]})
+    labels = data.config_labels(df)
+    assert list(labels) == ["unknown · m [aaaaaa]", "unknown · m [aaaaaa]", "vllm 1 · m · bf16 · H200 · TP2 · 8k1k [bbbbbb]"]

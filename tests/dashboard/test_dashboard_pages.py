@@ -211,6 +211,30 @@ def test_history_marks_the_regression(fixture, monkeypatch):
     assert not traces(figures(at)[0], "change point")
 
 
+def test_history_marks_the_bisected_culprit_and_links_commits(fixture, monkeypatch):
+    monkeypatch.setenv("K2BENCH_COMMIT_URL", "https://git.example/k2/commit/{commit}")
+    at = open_page(fixture.url, "History", monkeypatch)
+    at.selectbox(key="history_config").set_value(fixture.fingerprints["bundled"]).run()
+    at.selectbox(key="history_conc").set_value(32).run()
+    at.selectbox(key="history_metric").set_value("tput_per_gpu").run()
+    (fig,) = figures(at)
+    (cross,) = traces(fig, "culprit (bisected)")
+    assert cross["y"] == pytest.approx([fxdb.expected_tput("bundled", 32, LAST)], rel=1e-9)  # on the bad end
+    assert fxdb.CULPRIT[:10] in cross["customdata"][0] and "scheduler: longer token gaps" in cross["customdata"][0]
+    table = page_table(at, "history_table")
+    assert list(table["commit"]) == [f"https://git.example/k2/commit/{c}" for c in fxdb.COMMITS]
+    (culprits,) = [d.value for d in at.dataframe if "subject" in d.value.columns]
+    assert list(culprits["first_bad"]) == [f"https://git.example/k2/commit/{fxdb.CULPRIT}"]
+    assert list(culprits["bad"]) == [fxdb.COMMITS[-1]] and list(culprits["good"]) == [fxdb.COMMITS[-2]]
+    # another metric or level has no culprit, and without a URL template commits stay plain
+    at.selectbox(key="history_conc").set_value(4).run()
+    assert not traces(figures(at)[0], "culprit")
+    monkeypatch.delenv("K2BENCH_COMMIT_URL")
+    at = open_page(fixture.url, "History", monkeypatch)
+    at.selectbox(key="history_config").set_value(fixture.fingerprints["bundled"]).run()
+    assert list(page_table(at, "history_table")["commit"]) == fxdb.COMMITS
+
+
 def test_history_commit_axis_and_latency_metric(fixture, monkeypatch):
     at = open_page(fixture.url, "History", monkeypatch)
     at.selectbox(key="history_config").set_value(fixture.fingerprints["vllm"]).run()

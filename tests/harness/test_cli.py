@@ -64,7 +64,8 @@ def test_every_store_command_shares_one_db_argument() -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     with_db = {name for name, p in sub.choices.items() if any("--db" in a.option_strings for a in p._actions)}
-    assert with_db == {"sweep", "runs", "show", "export", "import", "regress", "changepoints", "dashboard"}
+    assert with_db == {"sweep", "runs", "show", "export", "import", "regress", "changepoints", "dashboard",
+                       "backfill", "bisect"}
     for name in with_db:
         action = next(a for a in sub.choices[name]._actions if "--db" in a.option_strings)
         assert action.help == common.DB_HELP and action.default is None
@@ -94,10 +95,10 @@ def test_serve_help_shows_every_default_and_choice_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", SERVE_HELP_WITHOUT_TORCH], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())  # argparse wraps lines
-    from k2bench.engine.runtime_config import RuntimeConfig
+    from k2bench.engine.runtime.runtime_config import RuntimeConfig
 
     rt = RuntimeConfig()
-    assert "k2bench.engine.runtime_config" not in text
+    assert "runtime_config" not in text
     assert re.search(r"--backend \{auto,torch,triton[,}]", text)
     assert "port to listen on (default 8000)" in text
     for flag, default in (("--max-num-seqs", rt.max_num_seqs), ("--max-num-batched-tokens", rt.max_num_batched_tokens),

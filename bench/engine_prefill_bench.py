@@ -1,0 +1,127 @@
+"""The prefill pieces of the triton backend at Kimi-K2.5 width, timed alone on one GPU.
+
+- MLA prefill attention (`triton_backend.prefill_attention`: expanded form, H=64 heads, head dims
+  192/128, causal) at 8192 tokens under each fused SDPA kernel that accepts its shapes, next to the
+  former call (3-D tensors, values zero-padded to 192: the math kernel); TFLOP/s counts the causal
+  half of QK^T and PV.
+- Dense MXFP4 linears (the dense MLP's and shared expert's shapes) per row count M: `_mxfp4_gemm`
+  (dot_scaled) against `dequant_linear` (dequantise to bf16 + cuBLAS), which sets DEQUANT_MIN_M.
+
+Each variant is checked against a float64 reference (rel = max |diff| / max |ref|). Medians of
+CUDA-event timings. Writes prefill_bench.json.
+
+    python bench/engine_prefill_bench.py --out /tmp/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from k2bench.engine.kernels.triton_backend import dequant_linear, mxfp4_matmul, prefill_attention
+from k2bench.engine.model.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_gpu_bench import cuda_time_ms  # noqa: E402
+
+H, NOPE, ROPE, R, V = 64, 128, 64, 512, 128
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).abs().max() / b.abs().max())
+
+
+def former_prefill_attention(q_nope, q_pe, kv, scale, w_uk, w_uv):
+    """The call this bench replaced, for comparison: 3-D tensors and V padded to the key width."""
+    n, h, _ = q_nope.shape
+    ctx = kv.shape[0]
+    latent, k_pe = kv[:, :R], kv[:, R:]
+    k = torch.cat((torch.einsum("cr,hdr->hcd", latent, w_uk), k_pe.unsqueeze(0).expand(h, ctx, -1)), dim=-1)
+    v = F.pad(torch.einsum("cr,hvr->hcv", latent, w_uv), (0, NOPE + ROPE - V))
+    q = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[..., :V].transpose(0, 1)
+
+
+def attention_rows(n: int, reps: int) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(n)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q_nope = torch.randn(n, H, NOPE, generator=g, **bf)
+    q_pe = torch.randn(n, H, ROPE, generator=g, **bf)
+    kv = torch.randn(n, R + ROPE, generator=g, **bf)
+    w_uk = torch.randn(H, NOPE, R, generator=g, **bf) / R**0.5
+    w_uv = torch.randn(H, V, R, generator=g, **bf) / R**0.5
+    scale = (NOPE + ROPE) ** -0.5
+    sub = slice(0, 256)  # a float64 reference on the first 256 query rows (the causal ones see <= 256 keys)
+    ref = prefill_attention(*(t.double() for t in (q_nope[sub], q_pe[sub], kv[sub])), scale,
+                            w_uk.double(), w_uv.double())
+    flops = 2 * H * n * n * (NOPE + ROPE + V) / 2
+    rows = []
+    cases = [("former 3-D, V padded", None, former_prefill_attention)]
+    cases += [(f"4-D {b.name}", b, prefill_attention) for b in
+              (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
+    cases.append(("4-D default dispatch", "default", prefill_attention))
+    for name, backend, fn in cases:
+        def call(fn=fn, backend=backend):
+            if backend in (None, "default"):
+                return fn(q_nope, q_pe, kv, scale, w_uk, w_uv)
+            with sdpa_kernel([backend]):
+                return fn(q_nope, q_pe, kv, scale, w_uk, w_uv)
+        try:
+            out = call()
+            med, _ = cuda_time_ms(call, reps)
+        except RuntimeError as exc:
+            rows.append({"kernel": "prefill_attention", "variant": name, "n": n, "error": str(exc).splitlines()[0]})
+            print(f"attention n={n} {name:<26} not taken: {str(exc).splitlines()[0][:90]}", flush=True)
+            continue
+        rel = _rel(out[sub], ref)
+        rows.append({"kernel": "prefill_attention", "variant": name, "n": n, "ms": med,
+                     "tflops": flops / med / 1e9, "rel_err_f64": rel})
+        print(f"attention n={n} {name:<26} {med:8.2f} ms  {flops / med / 1e9:6.0f} TFLOP/s  rel {rel:.1e}", flush=True)
+    return rows
+
+
+def dense_rows(ms: list[int], reps: int) -> list[dict]:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for n, k in [(18432, 7168), (7168, 18432), (4096, 7168)]:
+        wp, ws = quantize_mxfp4(torch.randn(n, k, device="cuda", generator=g))
+        wd = dequantize_mxfp4(wp, ws, torch.float64)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+            ref = x.double() @ wd.T
+            for name, op in [("dot_scaled kernel", mxfp4_matmul), ("dequant + cuBLAS", dequant_linear)]:
+                fn = functools.partial(op, x, wp, ws, a4w4=False)
+                rel = _rel(fn(), ref)
+                med, _ = cuda_time_ms(fn, reps)
+                tflops = 2 * m * n * k / med / 1e9
+                rows.append({"kernel": "dense_mxfp4", "variant": name, "m": m, "n": n, "k": k, "ms": med,
+                             "tflops": tflops, "rel_err_f64": rel})
+                print(f"dense M={m:>5} N={n:>5} K={k:>5} {name:<18} {med:8.3f} ms {tflops:6.0f} TFLOP/s rel {rel:.1e}",
+                      flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--dense-m", default="32,128,256,512,2048,8192")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = attention_rows(args.tokens, args.reps)
+    rows += dense_rows([int(m) for m in args.dense_m.split(",")], args.reps)
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    (args.out / "prefill_bench.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

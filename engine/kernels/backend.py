@@ -1,0 +1,78 @@
+"""The interface every kernel backend implements, so the model calls kernels through one typed door.
+
+Declared as a `typing.Protocol`: a backend is any object with these ops, checked by type checkers and
+by `tests/engine/kernels/test_backend_registry.py`, never probed at run time. Importing this module does
+not import torch (the CLI lists backend names without the engine extra).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from k2bench.engine.model.attn_meta import AttentionMetadata
+
+
+class BackendError(ValueError):
+    """An unknown or unusable backend name."""
+
+
+class AttentionPlan:
+    """One step's attention plan: built once per forward by `plan_attention` (or `decode_plan`) and read by
+    the same backend's `mla` in every layer. Opaque to the model; each backend subclasses it."""
+
+
+class KernelBackend(Protocol):
+    """The ops the model runs through its `Parallel.backend`."""
+
+    name: ClassVar[str]
+    # True when `decode_plan` is built from device tensors alone (no host sync, no data-dependent
+    # shapes), so pure-decode steps can be captured in CUDA graphs.
+    graph_decode: ClassVar[bool]
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+    ) -> torch.Tensor:
+        """y = x W^T. `weight_scale is None`: a float weight; otherwise packed MXFP4 [N, K/2] with E8M0
+        scales [N, K/32]. a4w4 quantises the activations per 32 along K first."""
+        ...
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor | None,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor | None,
+        *,
+        a4w4: bool = False,
+    ) -> torch.Tensor:
+        """Routed experts: SiLU-gated gate/up, down, weighted sum over each token's chosen experts (no
+        all-reduce)."""
+        ...
+
+    def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
+        """The step's gather plan from the runner's metadata (may read it on the host)."""
+        ...
+
+    def decode_plan(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
+        """The plan of a step where every sequence brings one token (sync-free when `graph_decode`)."""
+        ...
+
+    def mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        plan: AttentionPlan,
+        scale: float,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer's attention: per-head values [T, H, v] from q_nope [T, H, nope], q_pe [T, H, rope],
+        the paged latent cache and kv_b_proj's halves w_uk [H, nope, r] / w_uv [H, v, r]."""
+        ...

@@ -1,0 +1,103 @@
+"""CUDA graphs of pure-decode steps: one captured forward (model + logits) per padded batch size.
+
+At small batch a decode step is mostly CPU time (hundreds of kernel launches from Python); replaying
+a captured graph launches them all at once. Captured once at start-up on every tensor-parallel rank,
+in the same order, so the NCCL collectives inside the graphs line up across ranks.
+
+A step of n sequences that each bring one token replays the graph of the smallest bucket >= n. Its
+inputs are copied into static device buffers; the padding rows point at a scratch cache block that
+no sequence owns (one block past the block manager's), with context length 1, so they compute
+garbage nobody reads and write it where nobody looks. Steps with prefill chunks, and batches larger
+than the largest bucket, run eagerly.
+
+Needs a backend whose decode plan is built from tensors alone (`graph_decode`: no host sync): the
+triton backend. Everything inside the forward must be free of host syncs and data-dependent shapes;
+tests/engine/runtime/test_cuda_graphs_gpu.py checks replayed tokens against eager ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from k2bench.engine.model.attn_meta import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+def buckets_for(max_batch: int) -> list[int]:
+    return sorted({b for b in BUCKETS if b < max_batch} | {max_batch})
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv_caches: list[torch.Tensor], *, scratch_block: int, block_size: int,
+                 max_blocks: int, max_batch: int, device: torch.device, buckets: list[int] | None = None) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.scratch_slot = scratch_block * block_size
+        self.buckets = sorted(buckets) if buckets else buckets_for(max_batch)
+        m = self.buckets[-1]
+        i64 = dict(dtype=torch.int64, device=device)
+        self.ids = torch.zeros(m, **i64)
+        self.pos = torch.zeros(m, **i64)
+        self.slots = torch.full((m,), self.scratch_slot, **i64)
+        self.lens = torch.ones(m, **i64)
+        self.tables = torch.full((m, max_blocks), scratch_block, **i64)
+        self.cu = torch.arange(m + 1, **i64)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = None
+        self.replays = 0
+
+    def _forward(self, b: int) -> torch.Tensor:
+        meta = AttentionMetadata(cu_seqlens_q=self.cu[: b + 1], context_lens=self.lens[:b],
+                                 slot_mapping=self.slots[:b], block_tables=self.tables[:b], block_size=self.block_size)
+        plan = self.model.par.backend.decode_plan(meta, self.model.cfg.kv_cache_dim)
+        hidden = self.model(self.ids[:b], self.pos[:b], meta, self.kv_caches, plan=plan)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first (the shared memory pool is sized by the first)."""
+        t0 = time.perf_counter()
+        for b in reversed(self.buckets):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile kernels and fill lazy caches outside the capture
+                self._forward(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.logits[b] = self._forward(b)
+            self.pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+        log.info("captured %d decode CUDA graphs (batch %s) in %.1f s", len(self.buckets),
+                 ",".join(map(str, self.buckets)), time.perf_counter() - t0)
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            context_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] of one pure-decode step of n <= the largest bucket sequences."""
+        n = input_ids.numel()
+        b = self.bucket(n)
+        self.ids[:n].copy_(input_ids, non_blocking=True)
+        self.pos[:n].copy_(positions, non_blocking=True)
+        self.slots[:n].copy_(slot_mapping, non_blocking=True)
+        self.lens[:n].copy_(context_lens, non_blocking=True)
+        self.tables[:n, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        if b > n:  # rows left from an earlier, larger step must not write into live cache slots
+            self.slots[n:b].fill_(self.scratch_slot)
+            self.lens[n:b].fill_(1)
+            self.tables[n:b, 0].fill_(self.scratch_block)
+        self.graphs[b].replay()
+        self.replays += 1
+        return self.logits[b][:n]

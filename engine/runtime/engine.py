@@ -1,0 +1,224 @@
+"""The step loop (LLMEngine) and the thread that runs it next to the server's asyncio loop.
+
+The engine thread owns the scheduler, the runner and every Sequence; the server only talks to
+it through `AsyncEngine` (a locked inbox in, one `call_soon_threadsafe` per step out), so no
+lock is held while the model runs and torch releases the GIL for the HTTP side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from k2bench.engine.runtime.runner import ModelRunner
+from k2bench.engine.runtime.scheduler import Scheduler
+from k2bench.engine.runtime.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0  # prompt tokens of requests that were admitted at least once
+    computed_tokens: int = 0  # tokens the model ran (prefill, recompute and decode)
+    generation_tokens: int = 0
+    steps: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    step_seconds: float = 0.0
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, comm=None):
+        self.runner = runner
+        self.scheduler = scheduler
+        self.comm = comm  # tensor-parallel broadcaster (rank 0), or None
+        self.stats = EngineStats()
+        self.idle_step = False  # the last step found nothing it could schedule
+
+    @property
+    def config(self):
+        return self.scheduler.config
+
+    def check(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise ValueError when a request can never run (the server turns it into a 400)."""
+        max_len = self.config.max_model_len
+        if num_prompt_tokens < 1:
+            raise ValueError("the prompt is empty")
+        if num_prompt_tokens >= max_len:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens; this server's max_model_len is "
+                             f"{max_len}, and at least one token must be generated")
+        if num_prompt_tokens + max_tokens > max_len:
+            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds this "
+                             f"server's max_model_len {max_len}")
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.is_finished:
+            self.scheduler.abort(seq)
+            self.runner.release(seq)
+            self.stats.requests_aborted += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if not seq.is_finished:
+            self.scheduler.finish(seq, reason)
+            self.runner.release(seq)
+            self.stats.requests_finished += 1
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[Sequence]:
+        """Run one batch; return the sequences that got a token (check `is_finished`)."""
+        t0 = time.monotonic()
+        sched = self.scheduler.schedule(t0)
+        for seq in sched.preempted:
+            self.runner.release(seq)
+        self.idle_step = sched.empty
+        if sched.empty:
+            return []
+        for s in sched.seqs:
+            if s.start == 0 and s.seq.num_preemptions == 0:
+                self.stats.prompt_tokens += s.seq.num_prompt_tokens
+        inp = self.runner.prepare(sched)
+        if self.comm is not None:
+            self.comm.broadcast_step(inp)
+        logits = self.runner.execute(inp)
+        tokens = self.runner.sample(logits, sched)
+        updated = self.scheduler.postprocess(sched, tokens)
+        for seq in updated:
+            if seq.is_finished:
+                self.runner.release(seq)
+                self.stats.requests_finished += 1
+        dt = time.monotonic() - t0
+        if sched.num_prefill_tokens:
+            self.scheduler.last_prefill_latency = dt
+        st = self.stats
+        st.steps += 1
+        st.step_seconds += dt
+        st.computed_tokens += sched.num_tokens
+        st.generation_tokens += len(updated)
+        return updated
+
+    def generate(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Run the given sequences to completion (offline use and tests)."""
+        for seq in seqs:
+            self.add(seq)
+        while self.has_work:
+            self.step()
+        return seqs
+
+    def shutdown(self) -> None:
+        if self.comm is not None:
+            self.comm.shutdown()
+
+
+@dataclass
+class Event:
+    token: int | None  # None: no token (error or abort)
+    finish_reason: str | None
+    error: str | None = None
+
+
+class AsyncEngine:
+    """Runs LLMEngine.step in a thread; each request gets its events on an asyncio.Queue."""
+
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.loop = loop
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple] = deque()
+        self._sinks: dict[int, asyncio.Queue] = {}
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="k2bench-engine", daemon=True)
+        self.fatal: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    def submit(self, seq: Sequence) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self._sinks[seq.seq_id] = q
+        self._post(("add", seq))
+        return q
+
+    def abort(self, seq: Sequence) -> None:
+        self._sinks.pop(seq.seq_id, None)
+        self._post(("abort", seq))
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        self._sinks.pop(seq.seq_id, None)
+        self._post(("finish", seq, reason))
+
+    def _post(self, cmd: tuple) -> None:
+        with self._cv:
+            self._inbox.append(cmd)
+            self._cv.notify()
+
+    def _dispatch(self, events: list[tuple[int, Event]]) -> None:
+        for seq_id, ev in events:
+            q = self._sinks.get(seq_id)
+            if q is None:
+                continue
+            if ev.finish_reason is not None:
+                del self._sinks[seq_id]
+            q.put_nowait(ev)
+
+    def _run(self) -> None:
+        eng = self.engine
+        while True:
+            with self._cv:
+                while not self._inbox and not eng.has_work and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                cmds = list(self._inbox)
+                self._inbox.clear()
+            events: list[tuple[int, Event]] = []
+            for cmd in cmds:
+                op, seq = cmd[0], cmd[1]
+                try:
+                    if op == "add":
+                        eng.add(seq)
+                    elif op == "abort":
+                        eng.abort(seq)
+                    else:
+                        eng.finish(seq, cmd[2])
+                except Exception as exc:  # a request the engine refuses must not stop the loop
+                    events.append((seq.seq_id, Event(None, "error", str(exc))))
+            if eng.has_work:
+                try:
+                    updated = eng.step()
+                except Exception as exc:
+                    log.exception("engine step failed")
+                    if eng.comm is not None:  # tensor-parallel ranks may now be out of step: stop serving
+                        self.fatal = f"engine step failed: {exc}"
+                    events.extend(self._fail_all(f"engine step failed: {exc}"))
+                    updated = []
+                for seq in updated:
+                    events.append((seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)))
+                if eng.idle_step:
+                    time.sleep(0.001)  # work exists but none is schedulable yet: do not spin
+            if events:
+                self.loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _fail_all(self, msg: str) -> list[tuple[int, Event]]:
+        sch = self.engine.scheduler
+        out = []
+        for seq in list(sch.running) + list(sch.waiting):
+            self.engine.abort(seq)
+            out.append((seq.seq_id, Event(None, "error", msg)))
+        return out

@@ -1,0 +1,197 @@
+"""`k2bench backfill` and `k2bench bisect`: a repository's commits measured into the history, and the
+first commit that got worse. Both launch ``--server-cmd`` from each commit's own git worktree."""
+
+from __future__ import annotations
+
+import argparse
+
+from k2bench.harness.commands.common import add_db_arg
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", required=True, help="the git repository whose commits are measured")
+    p.add_argument("--server-cmd", required=True,
+                   help="server command, run in the commit's worktree; {port} (chosen by k2bench), {host}, "
+                        "{model}, {tp} are filled in")
+    p.add_argument("--setup", help="shell command run in each worktree before the server (e.g. pip install -e .)")
+    load = p.add_argument_group("sweep")
+    load.add_argument("--model", help="model to request and record (default: the server's first model, "
+                                      "recorded as 'default')")
+    load.add_argument("--tp", type=int, default=1)
+    load.add_argument("--gpus", type=int, default=None)
+    load.add_argument("--workload", help="workload name or .toml path")
+    load.add_argument("--isl", type=int)
+    load.add_argument("--osl", type=int)
+    load.add_argument("--conc", default="4..128", help="levels (default 4..128)")
+    load.add_argument("--num-prompts", default=None, metavar="N|Kx")
+    load.add_argument("--warmup", default=None, metavar="N|Kx")
+    load.add_argument("--trials", type=int, default=1)
+    load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout")
+    load.add_argument("--ready-timeout", type=float, default=None, metavar="S")
+    rec = p.add_argument_group("recording")
+    add_db_arg(rec)
+    rec.add_argument("--branch", help="branch to record (default: the repo's branch holding the commit)")
+    rec.add_argument("--hardware", help="hardware to record (default: detected)")
+    rec.add_argument("--tag", action="append", metavar="KEY=VALUE")
+    rec.add_argument("--log-dir", default="results/logs")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("backfill", help="measure each commit of a range from its own worktree",
+                       description="For each commit of REV_RANGE (git log syntax, e.g. v1.0..main): a worktree, "
+                                   "--setup, --server-cmd, a sweep stored with the commit's sha and branch. "
+                                   "Commits stored with the same configuration are skipped; failures are "
+                                   "stored as failed runs and the backfill goes on.")
+    b.add_argument("rev_range", metavar="REV_RANGE")
+    b.add_argument("--every", type=int, default=1, help="every Nth commit (the newest always)")
+    _common(b)
+    b.set_defaults(handler=_backfill)
+
+    s = sub.add_parser("bisect", help="find the first commit whose metric got worse (significance-aware)",
+                       description="Confirms that --bad is worse than --good in --metric at --conc with the "
+                                   "gate's rule (threshold and significance), then bisects; inconclusive commits "
+                                   "are measured again, stored runs are reused. Exit 0 with the first bad commit, "
+                                   "1 when there is none.")
+    s.add_argument("--good", help="a commit where the metric is fine")
+    s.add_argument("--bad", help="a later commit where it is worse")
+    s.add_argument("--metric", help="catalogue metric, e.g. tput_per_gpu, tpot_ms_median")
+    s.add_argument("--shifts", metavar="BRANCH", default=None,
+                   help="instead of --good/--bad/--metric: bisect every stored change point of BRANCH that lies "
+                        "between two non-adjacent stored commits (the nightly scan's follow-up); writes one "
+                        "JSON per shift and culprits.md into --out-dir")
+    s.add_argument("--out-dir", default="results/bisect", help="with --shifts: where the reports go")
+    s.add_argument("--at-conc", dest="at_conc", type=int, default=None,
+                   help="concurrency the metric is read at (default: the only --conc level)")
+    s.add_argument("--threshold", type=float, default=0.05, help="relative change that matters (default 0.05)")
+    s.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    s.add_argument("--max-remeasure", type=int, default=2, help="re-measurements of an inconclusive commit")
+    s.add_argument("--json", dest="json_path", metavar="PATH", help="write k2bench.bisect/1 JSON")
+    _common(s)
+    s.set_defaults(handler=_bisect)
+
+
+def _bench(args: argparse.Namespace):
+    import os
+
+    from k2bench.errors import UserError
+    from k2bench.harness import gitrepo
+    from k2bench.harness.backfill import CommitBench
+    from k2bench.harness.commands.sweep import parse_concurrency, parse_count, parse_tags
+    from k2bench.harness.sweep import SweepConfig
+    from k2bench.workloads import loader
+
+    for name in ("isl", "osl"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1")
+    n, nx = parse_count(args.num_prompts, "--num-prompts")
+    w, wx = parse_count(args.warmup, "--warmup")
+    cfg = SweepConfig(levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
+                      model=args.model, tp=args.tp, gpus=args.gpus, num_prompts=n, num_prompts_x=nx, warmup=w,
+                      warmup_x=wx, trials=args.trials, db=args.db, branch=args.branch, tags=parse_tags(args.tag),
+                      hardware=args.hardware, timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
+                      log_dir=args.log_dir, api_key=os.environ.get("K2BENCH_API_KEY") or None)
+    from k2bench.harness.recipes import custom
+
+    custom(args.server_cmd)  # a bad command fails here, before any worktree is made
+    return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=args.server_cmd, cfg=cfg, setup=args.setup,
+                       say=lambda text: print(text, flush=True))
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    from k2bench.harness import gitrepo
+    from k2bench.harness.backfill import backfill
+
+    bench = _bench(args)
+    commits = gitrepo.commits(bench.repo, args.rev_range, args.every)
+    lines = backfill(bench, commits)
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line.status] = counts.get(line.status, 0) + 1
+    print(f"backfill of {len(lines)} commit(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return 1 if counts.get("failed") or counts.get("partial") else 0
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    from k2bench.errors import UserError
+    from k2bench.harness.analysis.regress import RegressConfig
+    from k2bench.harness.bisect import Bisector, record, write_json
+    from k2bench.harness.gitrepo import branch_of
+
+    if args.shifts:
+        return _bisect_shifts(args)
+    missing = [f"--{n}" for n in ("good", "bad", "metric") if getattr(args, n) is None]
+    if missing:
+        raise UserError(f"bisect needs {', '.join(missing)} (or --shifts BRANCH)")
+    bench = _bench(args)
+    conc = args.at_conc
+    if conc is None:
+        if len(bench.cfg.levels) != 1:
+            raise UserError("--conc gives several levels: say which one the metric is read at with --at-conc")
+        conc = bench.cfg.levels[0]
+    try:
+        config = RegressConfig(threshold=args.threshold, alpha=args.alpha)
+        config.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    result = Bisector(bench, args.metric, conc, config, max_remeasure=args.max_remeasure).run(args.good, args.bad)
+    good, bad = result.steps[0].commit.sha, result.steps[1].commit.sha
+    record(bench.cfg.db, fingerprint=bench.fingerprint, branch=bench.cfg.branch or branch_of(bench.repo, bad),
+           metric=args.metric, concurrency=conc, good=good, bad=bad, result=result)
+    for step in result.steps:
+        print(f"  {step.commit.short}  {step.commit.date}  {args.metric} = {step.value:.4g}  {step.verdict}"
+              f"  {step.commit.subject[:60]}")
+    print(result.message)
+    print(f"{result.measured} commit(s) measured by this call")
+    if args.json_path:
+        write_json(result, args.json_path)
+    return 0 if result.first_bad else 1
+
+
+def _bisect_shifts(args: argparse.Namespace) -> int:
+    """Every stored shift between non-adjacent commits, bisected with the shifted run's own workload."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from k2bench.errors import UserError
+    from k2bench.harness.analysis.regress import RegressConfig
+    from k2bench.harness.bisect import Bisector, record, write_json
+    from k2bench.harness.shifts import find_shifts
+    from k2bench.harness.store import Store
+    from k2bench.workloads import loader
+
+    bench = _bench(args)
+    with Store.open(args.db, readonly=True) as store:
+        shifts = find_shifts(store, bench.repo, args.shifts)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["| metric | conc | last good | first bad | culprit |", "| --- | --- | --- | --- | --- |"]
+    if not shifts:
+        print(f"no stored change point on {args.shifts} to bisect")
+    for shift in shifts:
+        label = f"{shift.metric} at concurrency {shift.concurrency}: {shift.good[:12]}..{shift.bad[:12]}"
+        where = {"fingerprint": shift.fingerprint, "branch": args.shifts, "metric": shift.metric,
+                 "concurrency": shift.concurrency, "good": shift.good, "bad": shift.bad}
+        if shift.adjacent:
+            culprit = shift.bad
+            print(f"{label}: adjacent commits, so the culprit is {culprit}")
+            record(args.db, **where, result=None)
+        else:
+            run = shift.run
+            try:
+                workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
+            except UserError:  # an ad-hoc workload: its lengths say it all
+                workload = loader.resolve(None, run.get("isl"), run.get("osl"))
+            one = replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
+                                                          tp=run.get("tp") or 1, gpus=run.get("num_gpus")))
+            print(f"{label}: bisecting {shift.between} commit(s)")
+            result = Bisector(one, shift.metric, shift.concurrency,
+                              RegressConfig(threshold=args.threshold, alpha=args.alpha),
+                              max_remeasure=args.max_remeasure).run(shift.good, shift.bad)
+            print(result.message)
+            write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
+            culprit = result.first_bad.sha if result.first_bad else None
+            record(args.db, **where, result=result)
+        lines.append(f"| {shift.metric} | {shift.concurrency} | {shift.good[:12]} | {shift.bad[:12]} | "
+                     f"{culprit or 'not found'} |")
+    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,86 @@
+"""vLLM's `vllm bench serve --save-result` JSON: one concurrency level per file.
+
+Fields as vLLM writes them (vllm/benchmarks/serve.py): ``max_concurrency``, ``num_prompts``,
+``completed``, ``failed``, ``duration`` (s), ``total_input_tokens``, ``total_output_tokens``,
+``total_token_throughput`` and ``output_throughput`` (tok/s), and for each of ttft/tpot/itl/e2el
+that ``--percentile-metrics`` selected: ``mean_X_ms``, ``median_X_ms``, ``std_X_ms`` and one
+``pP_X_ms`` per ``--metric-percentiles`` value. ``date`` is the benchmark machine's local time
+(%Y%m%d-%H%M%S, no zone), stored as given. ``--metadata tp=N`` (vLLM's own key=value metadata)
+gives the GPU count when ``--gpus`` is not given.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from k2bench.errors import UserError
+from k2bench.harness.importers import (
+    ImportOptions,
+    Level,
+    base_run,
+    gpus_or_error,
+    interactivity,
+    number,
+    per_gpu,
+    read_json,
+)
+
+# k2bench stat -> vLLM key prefix
+STATS = {"mean": "mean", "median": "median", "std": "std", "p90": "p90", "p99": "p99", "p99.9": "p99.9"}
+METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2el_ms": "e2el"}
+
+
+def _date(doc: dict, path: Path) -> str:
+    text = doc.get("date")
+    try:
+        return datetime.strptime(str(text), "%Y%m%d-%H%M%S").isoformat()
+    except ValueError:
+        raise UserError(f"{path}: date {text!r} is not vLLM's %Y%m%d-%H%M%S") from None
+
+
+def _gpus_from_metadata(doc: dict, path: Path) -> int | None:
+    for key in ("tp", "tensor_parallel_size", "num_gpus"):
+        if key in doc:
+            try:
+                return int(str(doc[key]))
+            except ValueError:
+                raise UserError(f"{path}: metadata {key}={doc[key]!r} is not a number") from None
+    return None
+
+
+def read(path: Path, opts: ImportOptions) -> Level:
+    doc = read_json(path)
+    if "max_concurrency" not in doc or "completed" not in doc:
+        raise UserError(f"{path}: not a `vllm bench serve --save-result` file (no max_concurrency/completed)")
+    conc = doc.get("max_concurrency")
+    if not isinstance(conc, int) or isinstance(conc, bool) or conc < 1:
+        raise UserError(f"{path}: max_concurrency is {conc!r}; k2bench stores closed-loop levels, so the "
+                        "benchmark must have run with --max-concurrency")
+    gpus = gpus_or_error(_gpus_from_metadata(doc, path), opts, path)
+    completed = int(number(doc, "completed", path, required=True))
+    num_prompts = doc.get("num_prompts")
+    failed = doc.get("failed")
+    if failed is None:  # older vLLM: every prompt was sent, so the rest failed
+        if not isinstance(num_prompts, int):
+            raise UserError(f"{path}: neither failed nor num_prompts is given")
+        failed = num_prompts - completed
+    total = number(doc, "total_token_throughput", path)
+    output = number(doc, "output_throughput", path)
+    latency = {metric: {stat: number(doc, f"{prefix}_{key}_ms", path) for stat, prefix in STATS.items()}
+               for metric, key in METRICS.items()}
+    point = {
+        "concurrency": conc, "num_prompts": completed + int(failed), "completed": completed,
+        "failed": int(failed), "duration_s": number(doc, "duration", path),
+        "input_tokens": doc.get("total_input_tokens"), "output_tokens": doc.get("total_output_tokens"),
+        "tput_per_gpu": per_gpu(total, gpus), "output_tput_per_gpu": per_gpu(output, gpus),
+        "input_tput_per_gpu": per_gpu(None if total is None or output is None else total - output, gpus),
+        "interactivity": interactivity(latency["tpot_ms"]), **latency,
+        "extra": {"request_throughput": number(doc, "request_throughput", path),
+                  "std_is_population": True},
+    }
+    run = base_run(opts, engine=None, model=str(doc.get("model_id") or "unknown"), num_gpus=gpus,
+                   started_at=_date(doc, path), tp=_gpus_from_metadata(doc, path),
+                   extra={"vllm_backend": doc.get("backend") or doc.get("endpoint_type"),
+                          "vllm_label": doc.get("label"), "request_rate": doc.get("request_rate")})
+    return Level(run=run, point=point, source=str(path))
