@@ -33,7 +33,7 @@ def test_parameter_counts_match_the_published_model_sizes():
 
 @pytest.mark.engine
 def test_parameter_count_matches_a_checkpoints_own_tensors(tmp_path):
-    from k2bench.engine.tiny import write_tiny_checkpoint
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
 
     model = write_tiny_checkpoint(tmp_path / "tiny", quant="bf16")
     cfg = json.loads((model / "config.json").read_text())
@@ -100,7 +100,7 @@ def test_configs_and_checkpoints_the_roofline_cannot_use_are_user_errors(tmp_pat
 
 @pytest.mark.engine
 def test_a_runs_roofline_from_its_model_folder_and_hardware(tmp_path):
-    from k2bench.engine.tiny import write_tiny_checkpoint
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
 
     model = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4")
     roof, note = rl.for_run(model, "NVIDIA H200", tp=1, isl=64, osl=16, levels=(3, 12), max_batch=16)
