@@ -56,3 +56,8 @@ def run(url: str, run_id: int) -> dict:
 def evals(url: str, run_ids: tuple[int, ...]) -> dict[int, list[dict]]:
     return store(url).evals_by_run(run_ids)
 
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def levels(url: str, run_id: int) -> list[dict]:
+    """A run's levels with every field, nested ones included (energy, server metrics: the timelines)."""
+    return store(url).export_run(run_id)["points"]

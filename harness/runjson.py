@@ -25,7 +25,7 @@ __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", 
 
 
 def schema_name() -> str:
-    """The "schema" value this k2bench writes, e.g. k2bench.run/1."""
+    """The "schema" value this k2bench writes, e.g. k2bench.run/2."""
     return f"{schema.SCHEMA_PREFIX}{schema.SCHEMA_VERSION}"
 
 

@@ -41,8 +41,10 @@ SCHEMA_VERSION = 2
 def update_to_2(doc: dict) -> dict:
     """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
     that does not count requests), adds a level's validity (an older level counts when none of its
-    requests failed, or when it has no counts) and the optional top-level ``evals`` list (accuracy
-    evaluations; a version-1 document has none)."""
+    requests failed, or when it has no counts), per-level energy, cost, server metrics and their flat
+    figures (j_per_token, tokens_per_j, usd_per_mtok, usd_per_mtok_output, pct_roofline; absent: not
+    measured), and the optional top-level ``evals`` list (accuracy evaluations; a version-1 document
+    has none)."""
     for point in doc.get("points") or []:
         if isinstance(point, dict) and "valid" not in point:
             point["valid"] = point.get("failed") in (0, None)
@@ -166,6 +168,19 @@ class Point:
     valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.validity); absent: no request "
                       "failed", nullable=False)
     invalid_reason: str | None = col("str?", Text(), "why the level does not count (null when valid)")
+    # v2: what the level cost and what the server saw (k2bench.harness.telemetry)
+    energy: dict | None = col("dict?", JSON(), "GPU power and energy over the measured window: per-GPU power, "
+                              "clocks, joules, power_valid and its reason, raw samples (null without GPU telemetry)")
+    cost: dict | None = col("dict?", JSON(), "gpu_hour_usd, usd_per_mtok, usd_per_mtok_output, price_source "
+                            "(null without a price)")
+    server_metrics: dict | None = col("dict?", JSON(), "the server's /metrics over the measured window: counters "
+                                      "(name -> delta), gauges (name -> {mean, max}), raw gauge series")
+    j_per_token: float | None = col("float?", Float(), "joules per token (input + output); power_valid levels only")
+    tokens_per_j: float | None = col("float?", Float(), "tokens (input + output) per joule; power_valid levels only")
+    usd_per_mtok: float | None = col("float?", Float(), "US$ per million tokens (input + output) at gpu_hour_usd")
+    usd_per_mtok_output: float | None = col("float?", Float(), "US$ per million output tokens at gpu_hour_usd")
+    pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
+                                     "concurrency (run extra.roofline)")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")

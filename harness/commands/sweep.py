@@ -86,6 +86,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--precision", help="weight precision to record (default: from the model or recipe)")
     rec.add_argument("--hardware", help="hardware name to record (default: detected)")
     rec.add_argument("--notes", help="free text stored with the run")
+    tel = p.add_argument_group("telemetry (energy, cost, the server's own metrics)")
+    tel.add_argument("--gpu-ids", default=None, metavar="0,1,...",
+                     help="GPUs to read power from (default: the server's CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, "
+                          "else all; needs the gpu extra or amdsmi)")
+    tel.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
+                     help="price of one GPU-hour for $ per million tokens (default: the shipped table's price "
+                          "for the recorded hardware, if it has one)")
+    tel.add_argument("--no-telemetry", action="store_true",
+                     help="read neither GPU power nor the server's /metrics")
     p.set_defaults(handler=_sweep)
 
 
@@ -168,6 +177,7 @@ def parse_tags(items: list[str] | None) -> dict[str, str]:
 
 def _config(args: argparse.Namespace):
     from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.telemetry.level import TelemetryConfig
     from k2bench.harness.validity import ValidityRules
     from k2bench.workloads import loader
 
@@ -191,6 +201,8 @@ def _config(args: argparse.Namespace):
         rules=ValidityRules(max_failure_rate=args.max_failure_rate, allow_osl_mismatch=args.allow_osl_mismatch),
         level_timeout_s=args.level_timeout, command_line=getattr(args, "argv", None),
         evals=parse_evals(args.eval), eval_data=args.eval_data, eval_limit=args.eval_limit,
+        telemetry=TelemetryConfig(gpu=not args.no_telemetry, server_metrics=not args.no_telemetry,
+                                  gpu_ids=args.gpu_ids, gpu_hour_usd=args.gpu_hour_usd),
     )
 
 
