@@ -109,7 +109,11 @@ class Bisector:
         return Evidence(run_ids, per_run, trials, pooled)
 
     def compare(self, base: Evidence, cand: Evidence) -> regress.Verdict:
-        return regress.decide(self.metric, self.conc, base.per_run, cand.per_run, None, base.trials,
+        # The gate's rule: one run's requests share its machine state, so they confirm a change only
+        # beside a noise history of runs. Here the repeated runs of the reference end are that history
+        # (same machine, same commit, measured back to back), once there are enough of them.
+        history = base.per_run if len(base.per_run) >= self.config.min_history else None
+        return regress.decide(self.metric, self.conc, base.per_run, cand.per_run, history, base.trials,
                               cand.trials, base.samples, cand.samples, self.config)
 
     # ------------------------------------------------------------------ search
