@@ -7,7 +7,8 @@ of that step's time; the sweep's median TPOT is the step time a user saw (it inc
 chunks that share steps, so it is an upper bound on the pure decode step).
 
 Byte counts come from the checkpoint's own tensors (safetensors headers; nothing is loaded), so the
-same script serves the tiny model and the full-width one.
+same script serves the tiny model and the full-width one. The byte model lives in
+k2bench.harness.telemetry.roofline, which also gives the sweep its roofline curve.
 
     python bench/decode_roofline.py --model DIR --tp 4 --run run.json --bandwidth-gbs 4300 [--out roofline.json]
 """
@@ -16,54 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import struct
-from collections import defaultdict
 from pathlib import Path
 
-# Tensors split across ranks (on their output or input dim); everything else is replicated.
-_SPLIT = re.compile(r"(q_b_proj|q_proj|kv_b_proj|o_proj|gate_proj|up_proj|down_proj|lm_head)\.(weight|weight_scale)$")
-_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
-_LAYER = re.compile(r"layers\.(\d+)\.")
-
-
-def tensor_bytes(model_dir: Path) -> dict[str, int]:
-    """name -> stored bytes, read from the safetensors headers (8-byte length + JSON)."""
-    sizes: dict[str, int] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                lo, hi = info["data_offsets"]
-                sizes[name] = hi - lo
-    return sizes
-
-
-def step_bytes(sizes: dict[str, int], cfg: dict, tp: int, batch: int, ctx: float, kv_bytes: int) -> dict[str, float]:
-    """Bytes one rank must read in one decode step of `batch` sequences with mean context `ctx`."""
-    text = cfg.get("text_config", cfg)
-    experts = int(text.get("n_routed_experts") or 0)
-    topk = int(text.get("num_experts_per_tok") or 0)
-    layers = int(text["num_hidden_layers"])
-    kv_dim = int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])
-    per_expert_layer: dict[int, int] = defaultdict(int)  # layer -> bytes of all its experts on this rank
-    fixed = 0.0
-    for name, nbytes in sizes.items():
-        share = nbytes / tp if _SPLIT.search(name) else nbytes
-        if "embed_tokens" in name:
-            share = nbytes / int(text["vocab_size"]) * batch  # only the rows of this step's tokens
-        if _EXPERT.search(name):
-            per_expert_layer[int(_LAYER.search(name).group(1))] += share
-        else:
-            fixed += share
-    # Expected distinct experts touched when `batch` tokens each pick `topk` of `experts` (uniform routing).
-    touched = experts * (1 - (1 - topk / experts) ** batch) if experts else 0.0
-    expert_bytes = sum(b / experts * touched for b in per_expert_layer.values()) if experts else 0.0
-    kv = batch * ctx * kv_dim * kv_bytes * layers  # the latent is not split across ranks
-    return {"weights_fixed": fixed, "experts": expert_bytes, "kv": kv, "total": fixed + expert_bytes + kv,
-            "experts_touched": touched}
+from k2bench.harness.telemetry.roofline import step_bytes, tensor_bytes
 
 
 def main() -> int:

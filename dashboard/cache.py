@@ -50,3 +50,14 @@ def culprits(url: str, branch: str | None) -> pd.DataFrame:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run(url: str, run_id: int) -> dict:
     return store(url).get_run(run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def evals(url: str, run_ids: tuple[int, ...]) -> dict[int, list[dict]]:
+    return store(url).evals_by_run(run_ids)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def levels(url: str, run_id: int) -> list[dict]:
+    """A run's levels with every field, nested ones included (energy, server metrics: the timelines)."""
+    return store(url).export_run(run_id)["points"]

@@ -30,6 +30,11 @@ VIEWS = {
     "Throughput vs E2E latency": View("Throughput per GPU vs E2E latency",
                                       "e2el_ms_median", "tput_per_gpu", False, True),
     "TTFT vs throughput": View("TTFT vs throughput per GPU", "tput_per_gpu", "ttft_ms_median", True, False),
+    # the frontier's y axis as energy or money (levels without GPU telemetry or a price are not drawn)
+    "Tokens per joule vs interactivity": View("Tokens per joule vs interactivity", "interactivity_median",
+                                              "tokens_per_j", True, True),
+    "Cost vs interactivity": View("Cost per million tokens vs interactivity", "interactivity_median",
+                                  "usd_per_mtok", True, False),
 }
 PALETTE = qualitative.Plotly
 REGRESSION_COLOR = "#d62728"
@@ -57,9 +62,17 @@ def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
                     title: str | None = None, invalid: pd.DataFrame | None = None) -> go.Figure:
     """Every level as a point labelled with its concurrency; each group's frontier as a line.
 
+    Levels without a value on either axis (no GPU telemetry, no price) are left out, and said so.
     ``invalid``: levels that do not count, drawn grey and unjoined with their reason on hover, so a
     user can see what was measured and why it was left out without it touching any frontier."""
     fig = go.Figure()
+    drawn = levels.dropna(subset=[c for c in (view.x, view.y) if c in levels.columns])
+    if view.y not in levels.columns or len(drawn) < len(levels):
+        left_out = len(levels) - (len(drawn) if view.y in levels.columns else 0)
+        fig.add_annotation(text=f"{left_out} level(s) without {_label(view.y)} are not drawn", xref="paper",
+                           yref="paper", x=1, y=1.02, showarrow=False, xanchor="right", yanchor="bottom",
+                           font={"size": 10})
+    levels = drawn if view.y in levels.columns else levels.iloc[0:0]
     front = data.frontier_points(levels, view.x, view.y, view.maximize_x, view.maximize_y, by=by)
     for i, (name, grp) in enumerate(levels.groupby(by, sort=False)):
         color = PALETTE[i % len(PALETTE)]
@@ -80,7 +93,9 @@ def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
 
 
 def _add_invalid(fig: go.Figure, invalid: pd.DataFrame, view: View, by: str) -> None:
-    drawable = invalid.dropna(subset=[view.x, view.y])  # a level with no finished request has no point
+    if view.x not in invalid.columns or view.y not in invalid.columns:
+        return
+    drawable = invalid.dropna(subset=[view.x, view.y])  # e.g. no finished request, or no GPU telemetry
     if drawable.empty:
         return
     hover = [f"INVALID: {row.get('invalid_reason') or 'no reason stored'}<br>{row.get(by, '')}<br>{text}"

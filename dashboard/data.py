@@ -287,3 +287,31 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Runs that have at least one finished level, newest first, for pickers."""
     out = runs[runs["levels"] > 0].sort_values(["started_at", "run_id"], ascending=False)
     return out.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def accuracy_badges(evals: dict[int, list[dict]], models: dict[int, str]) -> dict[int, str]:
+    """{run id: "✅ tiny-arith 0.968"} per run with evaluations: ✅ at or above the task's threshold for
+    the run's model (harness/eval/thresholds.toml), ❌ below it, no mark where no threshold is set."""
+    from k2bench.harness.eval.gate import load_thresholds, threshold_for
+
+    thresholds = load_thresholds()
+    out = {}
+    for run_id, evs in evals.items():
+        parts = []
+        for e in evs:
+            thr = threshold_for(e["task"], models.get(run_id, ""), thresholds)
+            mark = "" if thr is None else ("✅ " if e["value"] >= thr else "❌ ")
+            parts.append(f"{mark}{e['task']} {e['value']:.3f}")
+        out[run_id] = "; ".join(parts)
+    return out
+
+
+def with_accuracy(table: pd.DataFrame, badges: dict[int, str]) -> pd.DataFrame:
+    """The table with an ``accuracy`` column from its rows' run_id (empty where a run has no evaluation)."""
+    if "run_id" not in table.columns:
+        return table
+    return table.assign(accuracy=[badges.get(int(r), "") if pd.notna(r) else "" for r in table["run_id"]])
+

@@ -31,7 +31,7 @@ INTERACTIVITY_KEYS = ("median", "p90", "p99")
 
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
-SAMPLE_RULES = ("output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms")
+SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms")
 
 TRIAL_AGGREGATION = "median"
 
@@ -95,6 +95,20 @@ def _catalogue() -> tuple[Metric, ...]:
                               decimals=2 if group in ("tpot_ms", "itl_ms") else 1,
                               sample=None if key == "std" else sample,
                               gate=(group, key) in gated, table=(group, key) in shown))
+    # what a level cost (k2bench.harness.telemetry). At one price, $/Mtok is inverse throughput, so a
+    # request's time per output token moves with it. Energy is measured per window, not per request (a
+    # request's time would miss a change in power), so J/token has no sample: trials and history judge it.
+    out += [
+        Metric("j_per_token", "Energy per token (J/token)", "J/token", "J/token", False, decimals=3, gate=True,
+               table=True),
+        Metric("tokens_per_j", "Tokens per joule", "tok/J", "tok/J", True, decimals=2),
+        Metric("usd_per_mtok", "Cost per million tokens ($/Mtok)", "$/Mtok", "$/Mtok", False, decimals=3,
+               sample="inv_output_rate", gate=True, table=True),
+        Metric("usd_per_mtok_output", "Cost per million output tokens ($/Mtok)", "$/Mtok output", "$/Mtok", False,
+               decimals=3, sample="inv_output_rate"),
+        Metric("pct_roofline", "Share of the roofline (% of its tok/s/GPU)", "% roofline", "%", True, decimals=1,
+               table=True),
+    ]
     return tuple(out)
 
 

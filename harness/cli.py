@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "dashboard",  # k2bench dashboard
     "serve",  # k2bench serve (thin door into k2bench.engine, imported lazily)
     "engine",  # k2bench engine tiny (writes the tiny checkpoint; engine imported lazily)
+    "eval",  # k2bench eval (lm-evaluation-harness against a server, imported lazily)
 )
 
 

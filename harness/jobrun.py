@@ -36,6 +36,9 @@ def job_config(suite: Suite, job: Job, base: SweepConfig | None = None) -> Sweep
         num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x,
         ready_timeout_s=f.get("ready_timeout"), timeout_s=float(f.get("timeout", cfg.timeout_s)),
         tags={**cfg.tags, SUITE_TAG: suite.name, JOB_TAG: job.id},
+        # an entry's price and GPUs win over the command line's, like its hardware
+        telemetry=replace(cfg.telemetry, gpu_hour_usd=f.get("gpu_hour_usd", cfg.telemetry.gpu_hour_usd),
+                          gpu_ids=f.get("gpu_ids", cfg.telemetry.gpu_ids)),
     )
 
 

@@ -304,12 +304,16 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
 
 async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                     on_done: Callable[[RequestRecord], None] | None = None,
-                    watch: LevelWatch | None = None) -> list[RequestRecord]:
+                    watch: LevelWatch | None = None,
+                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None) -> list[RequestRecord]:
     """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
 
     Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
     Prompts are used in order and reused cyclically if there are fewer than requests. When ``watch``
     stops the level early, only the requests that were sent are returned (see ``watch.stopped``).
+    ``on_window`` (start, end) brackets the measured requests: start runs once every warmup request
+    has finished, end once every measured one has (telemetry windows; both are blocking calls, run in a
+    worker thread).
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -334,7 +338,13 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                 if watch.stopped is None and not any(r.success for _, r in warm):
                     raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
             if watch.stopped is None:
-                await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done, watch)
+                if on_window is not None:
+                    await asyncio.to_thread(on_window[0])  # off the loop: a server in this process still answers
+                try:
+                    await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done, watch)
+                finally:
+                    if on_window is not None:
+                        await asyncio.to_thread(on_window[1])
     finally:
         gc.enable()
         watcher.cancel()

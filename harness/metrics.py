@@ -108,7 +108,7 @@ def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
 def summarize_level(
     records: Sequence[RequestRecord], *, concurrency: int, num_gpus: int, trial: int = 0
 ) -> dict:
-    """The "points" entry of a k2bench.run/1 document for one concurrency level.
+    """The "points" entry of a k2bench.run document for one concurrency level.
 
     Input tokens count usage.prompt_tokens where the server reported it, else the requested
     ISL; output tokens count usage.completion_tokens (a successful request without usage adds

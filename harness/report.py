@@ -61,13 +61,14 @@ def _describe(v: Verdict) -> str:
 
 def verdict_line(res: RegressResult) -> str:
     head = HEADLINE.get(res.overall, res.overall)
-    if res.overall == "no-baseline":
-        return f"{head}: {res.baseline_reason}"
+    failed_accuracy = [a["reason"] for a in res.accuracy if a["status"] == "regression"]
+    if res.overall == "no-baseline" or (failed_accuracy and not res.baseline_runs):
+        return f"{head}: " + "; ".join(failed_accuracy + [res.baseline_reason])
     fr = res.frontier
     parts = []
     if res.overall == "regression":
         worst = sorted(res.regressions, key=lambda v: -v.worse_by)
-        parts = [_describe(v) for v in worst[:3]]
+        parts = failed_accuracy + [_describe(v) for v in worst[:3]]
         if len(worst) > 3:
             parts.append(f"and {len(worst) - 3} more")
         if fr and fr.status == "regression":
@@ -99,14 +100,29 @@ def markdown(res: RegressResult, png_name: str | None = None) -> str:
     if res.history_runs:
         lines.append(f"Noise history: {len(res.history_runs)} run(s)")
     lines.append("")
-    if res.overall == "no-baseline":
+    if res.overall == "no-baseline" or not res.baseline_runs:
+        lines += _accuracy_section(res)
         return "\n".join(lines).rstrip() + "\n"
+    lines += _accuracy_section(res)
     lines += _delta_table(res)
     lines += _frontier_section(res, png_name)
     lines += _details(res)
     for note in res.notes:
         lines.append(f"- {note}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _accuracy_section(res: RegressResult) -> list[str]:
+    if not res.accuracy:
+        return []
+    out = ["| accuracy | baseline | candidate | n | threshold | p (drop) | status |", "|---|---:|---:|---:|---:|---:|---|"]
+    for a in res.accuracy:
+        base = "–" if a["baseline"] is None else f"{a['baseline']:.3f}"
+        thr = "–" if a["threshold"] is None else f"{a['threshold']:.2f}"
+        out.append(f"| {a['task']} | {base} | {a['candidate']:.3f} | {a['n_candidate']} | {thr} | "
+                   f"{_p(a['p_value'])} | {MARKS.get(a['status'], '')} {a['status']} |")
+    return out + ["", "Accuracy: the model's threshold, and a one-sided two-proportion test on the per-item "
+                      "scores (a drop counts when it is at least 1 point and significant at 5%).", ""]
 
 
 def _delta_table(res: RegressResult) -> list[str]:

@@ -1,8 +1,8 @@
 """The k2bench.run JSON document: build, validate, parse.
 
 The fields and the version come from k2bench.harness.schema. A document is
-``{"schema": "k2bench.run/<version>", "run": {...}, "points": [...], "requests": [...]}``
-("requests" is optional). Validation returns a normalised copy and raises UserError naming the
+``{"schema": "k2bench.run/<version>", "run": {...}, "points": [...], "evals": [...], "requests": [...]}``
+("evals", from version 2, and "requests" are optional). Validation returns a normalised copy and raises UserError naming the
 first bad field by its path (for example ``points[2].ttft_ms.p99``). Unknown fields are errors,
 so a typo is never silently dropped; free-form data goes in run.tags, run.notes, run.client,
 run.extra or a point's extra.
@@ -21,11 +21,11 @@ from k2bench.harness import schema
 from k2bench.harness.schema import RUN_STATUSES, Spec, format_time, parse_time
 
 __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
-           "validate_point", "validate_request", "validate_run", "write_doc"]
+           "validate_eval", "validate_evals", "validate_point", "validate_request", "validate_run", "write_doc"]
 
 
 def schema_name() -> str:
-    """The "schema" value this k2bench writes, e.g. k2bench.run/1."""
+    """The "schema" value this k2bench writes, e.g. k2bench.run/2."""
     return f"{schema.SCHEMA_PREFIX}{schema.SCHEMA_VERSION}"
 
 
@@ -153,6 +153,27 @@ def validate_request(req, where: str = "request") -> dict:
     return _check_fields(req, schema.REQUEST, where)
 
 
+def validate_eval(ev, where: str = "eval") -> dict:
+    out = _check_fields(ev, schema.EVAL, where)
+    items = out["items"]
+    if items is not None:
+        if not isinstance(items, list) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in items):
+            raise UserError(f"{where}.items: expected a list of finite numbers")
+        if len(items) != out["n"]:
+            raise UserError(f"{where}.items: {len(items)} scores for n = {out['n']}")
+    return out
+
+
+def validate_evals(evals, where: str = "evals") -> list[dict]:
+    """The optional top-level list of accuracy evaluations (absent or null: none)."""
+    if evals is None:
+        return []
+    if not isinstance(evals, list):
+        raise UserError(f"{where}: expected a list")
+    return [validate_eval(e, f"{where}[{i}]") for i, e in enumerate(evals)]
+
+
 def upgrade_doc(doc: dict) -> dict:
     """A document of an older schema version brought to the current one through schema.UPGRADES."""
     name = doc.get("schema")
@@ -177,7 +198,7 @@ def validate_doc(doc) -> dict:
     if not isinstance(doc, dict):
         raise UserError("document: expected a JSON object")
     for key in doc:
-        if key not in ("schema", "run", "points", "requests"):
+        if key not in ("schema", "run", "points", "requests", "evals"):
             raise UserError(f"{key}: unknown top-level field")
     doc = upgrade_doc(doc)
     if "run" not in doc:
@@ -193,7 +214,8 @@ def validate_doc(doc) -> dict:
         if key in seen:
             raise UserError(f"points[{i}]: duplicate level (concurrency {key[0]}, trial {key[1]})")
         seen.add(key)
-    out = {"schema": schema_name(), "run": run, "points": points}
+    out = {"schema": schema_name(), "run": run, "points": points,
+           "evals": validate_evals(doc.get("evals"))}
     if doc.get("requests") is not None:
         reqs_in = doc["requests"]
         if not isinstance(reqs_in, list):
@@ -208,8 +230,9 @@ def validate_doc(doc) -> dict:
     return out
 
 
-def build_doc(run: dict, points: list[dict], requests: list[dict] | None = None) -> dict:
-    doc = {"schema": schema_name(), "run": run, "points": points}
+def build_doc(run: dict, points: list[dict], requests: list[dict] | None = None,
+              evals: list[dict] | None = None) -> dict:
+    doc = {"schema": schema_name(), "run": run, "points": points, "evals": evals or []}
     if requests is not None:
         doc["requests"] = requests
     return doc

@@ -40,12 +40,16 @@ SCHEMA_VERSION = 2
 
 def update_to_2(doc: dict) -> dict:
     """Version 2 lets a level's num_prompts, completed and failed be null (a result imported from a tool
-    that does not count requests), and adds a level's validity: an older level counts when none of its
-    requests failed (or when it has no counts)."""
+    that does not count requests), adds a level's validity (an older level counts when none of its
+    requests failed, or when it has no counts), per-level energy, cost, server metrics and their flat
+    figures (j_per_token, tokens_per_j, usd_per_mtok, usd_per_mtok_output, pct_roofline; absent: not
+    measured), and the optional top-level ``evals`` list (accuracy evaluations; a version-1 document
+    has none)."""
     for point in doc.get("points") or []:
         if isinstance(point, dict) and "valid" not in point:
             point["valid"] = point.get("failed") in (0, None)
             point["invalid_reason"] = None if point["valid"] else "requests failed (recorded before validity was)"
+    doc.setdefault("evals", [])
     return doc
 
 
@@ -164,6 +168,19 @@ class Point:
     valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.validity); absent: no request "
                       "failed", nullable=False)
     invalid_reason: str | None = col("str?", Text(), "why the level does not count (null when valid)")
+    # v2: what the level cost and what the server saw (k2bench.harness.telemetry)
+    energy: dict | None = col("dict?", JSON(), "GPU power and energy over the measured window: per-GPU power, "
+                              "clocks, joules, power_valid and its reason, raw samples (null without GPU telemetry)")
+    cost: dict | None = col("dict?", JSON(), "gpu_hour_usd, usd_per_mtok, usd_per_mtok_output, price_source "
+                            "(null without a price)")
+    server_metrics: dict | None = col("dict?", JSON(), "the server's /metrics over the measured window: counters "
+                                      "(name -> delta), gauges (name -> {mean, max}), raw gauge series")
+    j_per_token: float | None = col("float?", Float(), "joules per token (input + output); power_valid levels only")
+    tokens_per_j: float | None = col("float?", Float(), "tokens (input + output) per joule; power_valid levels only")
+    usd_per_mtok: float | None = col("float?", Float(), "US$ per million tokens (input + output) at gpu_hour_usd")
+    usd_per_mtok_output: float | None = col("float?", Float(), "US$ per million output tokens at gpu_hour_usd")
+    pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
+                                     "concurrency (run extra.roofline)")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")
@@ -194,6 +211,20 @@ class Request:
     error: str | None = col("str?", Text(), "first error message")
 
 
+@dataclass
+class Eval:
+    """One accuracy evaluation run on the run's server (k2bench eval / sweep --eval): the top-level
+    ``evals`` list of the document (schema version 2)."""
+
+    task: str = col("str", String(64), "evaluation task (tiny-arith, gsm8k, ...)", required=True, nullable=False)
+    metric: str = col("str", String(64), "lm-eval metric (exact_match)", required=True, nullable=False)
+    value: float = col("ratio", Float(), "the metric over all items, 0..1", required=True, nullable=False)
+    stderr: float | None = col("float?", Float(), "standard error of value")
+    n: int = col("pos_int", Integer(), "items evaluated", required=True, nullable=False)
+    concurrency: int | None = col("pos_int?", Integer(), "requests in flight during the evaluation")
+    items: list | None = col("json?", JSON(), "per-item scores in task order (the gate's two-proportion test)")
+
+
 def specs(cls: type) -> tuple[Spec, ...]:
     return tuple(dataclasses.replace(f.metadata["spec"], name=f.name) for f in dataclasses.fields(cls))
 
@@ -201,6 +232,8 @@ def specs(cls: type) -> tuple[Spec, ...]:
 RUN: tuple[Spec, ...] = specs(Run)
 POINT: tuple[Spec, ...] = specs(Point)
 REQUEST: tuple[Spec, ...] = specs(Request)
+EVAL: tuple[Spec, ...] = specs(Eval)
+
 
 FINGERPRINT_FIELDS: tuple[str, ...] = tuple(s.name for s in RUN if s.fingerprint)
 # Short run fields (no free text or JSON): what frames join to each level and tables list.

@@ -43,6 +43,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "hardware": (str,), "workload": (str,), "isl": (int,), "osl": (int,), "conc": (str, int, list),
     "num_prompts": (str, int), "warmup": (str, int), "trials": (int,), "server_args": (str,),
     "precision": (str,), "ready_timeout": (int, float), "timeout": (int, float),
+    "gpu_hour_usd": (int, float), "gpu_ids": (str,),
 }
 NO_EXPAND = {"conc"}
 TOP_LEVEL = {"suite", "defaults", "matrix", "include", "exclude"}

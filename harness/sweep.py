@@ -10,6 +10,7 @@ and the run is marked partial; a run with no finished level is marked failed.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
 from k2bench.harness.records import RequestRecord
+from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.harness.validity import ValidityRules, judge_level
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
@@ -60,6 +62,10 @@ class SweepConfig:
     rules: ValidityRules = field(default_factory=ValidityRules)
     level_timeout_s: float | None = None  # bounds a whole level, warmup included
     command_line: list[str] | None = None  # the k2bench arguments, for the reproducible record
+    evals: list[tuple[str, int | None]] = field(default_factory=list)  # (task, concurrency or None: highest level)
+    eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
+    eval_limit: int | None = None  # only the first N items of each evaluation
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -101,6 +107,7 @@ class SweepConfig:
         self.rules.validate()
         if not self.levels:
             raise UserError("--conc gave no levels")
+        self.telemetry.validate()
 
 
 @dataclass
@@ -159,6 +166,45 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def _evaluate(cfg: SweepConfig, store, run_id: int, url: str, model: str, task: str, conc: int,
+              say: Callable[[str], None]) -> None:
+    """Accuracy on the same server after the levels (lm-eval, imported only when asked for)."""
+    from k2bench.harness.eval.runner import run_eval
+
+    say(f"eval {task} at concurrency {conc}")
+    res = run_eval(url, task, limit=cfg.eval_limit, concurrency=conc, data=cfg.eval_data, model=model)
+    store.add_eval(run_id, {"task": res.task, "metric": res.metric, "value": res.value, "stderr": res.stderr,
+                            "n": res.n, "concurrency": conc, "items": res.items})
+    say(f"eval {task}: {res.metric} {res.value:.4f} (n={res.n})")
+
+
+@contextlib.contextmanager
+def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir: Path | None,
+               say: Callable[[str], None]) -> Iterator[LevelTelemetry]:
+    """The run's telemetry (GPU power, the server's /metrics, the price, the roofline), recorded in
+    the run's extra before the run is created; closed when the sweep ends."""
+    from k2bench.harness.telemetry import roofline
+
+    try:
+        roof, why = roofline.for_run(model_dir, meta["hardware"], tp=cfg.tp, isl=meta["isl"], osl=meta["osl"],
+                                     levels=tuple(cfg.levels), num_gpus=meta["num_gpus"])
+    except UserError as exc:  # a model the byte/FLOP model does not describe: the sweep still runs
+        roof, why = None, f"roofline off: {exc}"
+    if why:
+        say(why)
+    server_env = {**os.environ, **(srv.launched.env if srv.launched else {})}
+    tel = LevelTelemetry(cfg.telemetry, base_url=srv.url, server_env=server_env, hardware=meta["hardware"],
+                         api_key=cfg.api_key, say=say, roof=roof)
+    meta["extra"]["telemetry"] = tel.run_meta()
+    if why:
+        meta["extra"]["telemetry"]["notes"]["roofline"] = why
+    meta["extra"]["roofline"] = roof
+    try:
+        yield tel
+    finally:
+        tel.close()
+
+
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
     a sweep that measured nothing leaves nothing behind."""
@@ -172,11 +218,12 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     result = SweepResult(run_id=None, status="running", points=[], meta={},
                          planned=len(cfg.levels) * cfg.trials)
     try:
-        with _sigterm_as_interrupt(), launch.open_server(
+        with _sigterm_as_interrupt(), contextlib.ExitStack() as stack, launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
                 log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
                 server_cmd=cfg.server_cmd, cwd=cfg.server_cwd, say=say) as srv:
-            request_model, vocab, meta = _describe_run(cfg, srv, say)
+            request_model, vocab, meta, model_dir = _describe_run(cfg, srv, say)
+            tel = stack.enter_context(_telemetry(cfg, srv, meta, model_dir, say))
             result.meta = meta
             w = cfg.workload
             say(f"{srv.engine} {meta['model']} on {meta['hardware']}, workload {w.name} "
@@ -196,7 +243,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                  num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                 on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
-                records = run_async(run_level(spec, prompts, on_done, watch))
+                try:
+                    records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end)))
+                finally:
+                    tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 if watch.prompts_rejected:
                     raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not all in "
                                     f"the server's vocabulary: pass --model <folder or id> so prompts use the "
@@ -211,6 +261,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     say(f"concurrency {conc}: nothing measured, stopped during warmup: {watch.stopped}")
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
+                    point.update(tel.fields(point))
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
@@ -223,6 +274,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     result.exit_code = EXIT_SERVER
                     result.problem = f"concurrency {conc}: {watch.stopped}"
                     break
+            if result.run_id is not None and result.exit_code == EXIT_OK:
+                for task, conc in cfg.evals:
+                    _evaluate(cfg, store, result.run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
         if result.exit_code == EXIT_OK:
             result.status = "complete"
             if result.unmeasured or any(not p["valid"] for p in result.points):
@@ -264,7 +318,8 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
 
 
 def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str], None]):
-    """The model id to request, the vocabulary prompts draw from, and what the run records."""
+    """The model id to request, the vocabulary prompts draw from, what the run records, and the model
+    folder (None when the server's model is not a local folder)."""
     served = srv.served_models
     request_model = cfg.model if cfg.model in served else (served[0] if served else (cfg.model or ""))
     model_dir: Path | None = (srv.model_dir or (Path(cfg.model) if cfg.model and Path(cfg.model).is_dir() else None)
@@ -292,4 +347,4 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         meta["extra"]["git_dirty"] = True
         say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
             "against it with extra.git_dirty = true (commit first, or pass --commit)")
-    return request_model, vocab, meta
+    return request_model, vocab, meta, model_dir

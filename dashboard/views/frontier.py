@@ -11,7 +11,7 @@ from k2bench.dashboard.views.common import csv_download, table_columns
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
-                 "tpot_ms_median", "e2el_ms_median"]
+                 "tpot_ms_median", "e2el_ms_median", "tokens_per_j", "usd_per_mtok", "pct_roofline"]
 
 
 def sidebar_filters(runs: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +61,10 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.title("Frontier")
     selected = sidebar_filters(runs)
     c1, c2, c3 = st.columns([3, 2, 2])
-    view_name = c1.radio("View", list(charts.VIEWS), horizontal=True, key="frontier_view")
+    views = list(charts.VIEWS)
+    wanted = st.query_params.get("view")  # a link may open a view, e.g. ?page=Frontier&view=Cost+vs+interactivity
+    view_name = c1.radio("View", views, index=views.index(wanted) if wanted in views else 0, horizontal=True,
+                         key="frontier_view")
     mode = c2.selectbox("Points", MODES, key="frontier_mode")
     show_ref = c3.checkbox("Show published reference points", value=True, key="frontier_ref")
     log = c3.checkbox("Log axes", key="frontier_log")
@@ -91,5 +94,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.caption(note)
     cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
     table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
+    if "run_id" in table.columns:  # each frontier point's run: its accuracy, marked against the threshold
+        ids = tuple(sorted(int(i) for i in table["run_id"].dropna().unique()))
+        models = {int(r): m for r, m in selected[["run_id", "model"]].drop_duplicates().itertuples(index=False)}
+        table = data.with_accuracy(table, data.accuracy_badges(cache.evals(url, ids), models))
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="frontier_table")
     csv_download(table, "frontier", key="frontier_csv")

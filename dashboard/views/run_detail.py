@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.dashboard import cache, charts, data
+from k2bench.dashboard import cache, charts, data, telemetry_charts
 from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
 
 
@@ -49,6 +49,16 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
 
+    evals = cache.evals(url, (int(run_id),)).get(int(run_id), [])
+    if evals:
+        st.subheader("Accuracy")
+        badge = data.accuracy_badges({int(run_id): evals}, {int(run_id): str(meta.get("model") or "")})
+        st.caption(badge[int(run_id)])
+        st.dataframe(pd.DataFrame([{k: e[k] for k in ("task", "metric", "value", "stderr", "n", "concurrency")}
+                                   for e in evals]), hide_index=True, key="detail_evals")
+
+    _telemetry(url, run_id, meta)
+
     st.subheader("Per-request distributions")
     concs = [int(c) for c in table["concurrency"]]
     conc = st.selectbox("Concurrency", concs, index=len(concs) - 1, key="detail_conc")
@@ -63,3 +73,30 @@ def render(url: str, runs: pd.DataFrame) -> None:
     failed = int((~reqs["success"].astype(bool)).sum())
     st.caption(f"{len(reqs)} measured request(s) at concurrency {conc}, {failed} failed.")
     csv_download(reqs, f"run_{run_id}_c{conc}_requests", key="detail_requests_csv")
+
+
+def _telemetry(url: str, run_id: int, meta: dict) -> None:
+    """Power and clocks per GPU, the server's KV usage and queue, and the roofline, where recorded."""
+    st.subheader("Power, clocks and the server")
+    points = cache.levels(url, run_id)
+    tel = (meta.get("extra") or {}).get("telemetry") or {}
+    for note in (tel.get("notes") or {}).values():
+        st.caption(note)
+    figs = [("power", telemetry_charts.gpu_timeline(points, "power_w")),
+            ("clock", telemetry_charts.gpu_timeline(points, "sm_clock_mhz")),
+            ("kv", telemetry_charts.server_timeline(points, "kv")),
+            ("queue", telemetry_charts.server_timeline(points, "queue"))]
+    shown = [(k, f) for k, f in figs if f is not None]
+    if not shown:
+        st.info("This run recorded neither GPU samples nor the server's metrics.")
+    for i in range(0, len(shown), 2):
+        cols = st.columns(2)
+        for col, (key, fig) in zip(cols, shown[i:i + 2], strict=False):
+            col.plotly_chart(fig, key=f"detail_{key}")
+    invalid = [f"c{p['concurrency']}: {p['energy']['reason']}" for p in points
+               if p.get("energy") and not p["energy"].get("power_valid")]
+    if invalid:
+        st.warning("Energy not valid at " + "; ".join(invalid))
+    roof = (meta.get("extra") or {}).get("roofline")
+    if roof:
+        st.plotly_chart(telemetry_charts.roofline_figure(points, roof), key="detail_roofline")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from k2bench.engine.model.config import ModelConfig
+from k2bench.engine.model.faults import apply_scale_fault
 from k2bench.engine.model.parallel import TensorSpec
 from k2bench.errors import UserError
 
@@ -104,6 +105,7 @@ def load_checkpoint(model_dir: str | Path, specs: Iterable[TensorSpec], cfg: Mod
                     t = sl[start : start + length] if dim == 0 else sl[:, start : start + length]
                 if spec.kind == "uint8" and t.dtype != torch.uint8:
                     t = t.view(torch.uint8)
+                t = apply_scale_fault(name, t)  # no-op unless a test switches the fault on
                 spec.load(t)
                 seen.add(name)
     if unused:

@@ -15,6 +15,7 @@ import uuid
 
 from aiohttp import web
 
+from k2bench.engine.runtime import server_metrics
 from k2bench.engine.runtime.engine import AsyncEngine, LLMEngine
 from k2bench.engine.runtime.protocol import (
     RequestError,
@@ -53,6 +54,7 @@ class OpenAIServer:
         self.root = root  # the model folder, listed as "root" (as vLLM does) so clients find its tokenizer
         self.api_key = api_key
         self.async_engine: AsyncEngine | None = None
+        self.prom = server_metrics.ServerMetrics(engine)
         self.created = int(time.time())
         self.vocab_size = getattr(engine, "model_config", None) and engine.model_config.vocab_size or (
             tokenizer.vocab_size if tokenizer else 1 << 31)
@@ -115,28 +117,7 @@ class OpenAIServer:
         return web.json_response({"object": "list", "data": data})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        eng = self.engine
-        sch, st = eng.scheduler, eng.stats
-        rows = [
-            ("num_requests_running", "gauge", "requests in the running batch", len(sch.running)),
-            ("num_requests_waiting", "gauge", "requests waiting for admission", len(sch.waiting)),
-            ("kv_cache_usage_perc", "gauge", "fraction of KV cache blocks in use", round(sch.blocks.usage, 6)),
-            ("kv_cache_blocks_total", "gauge", "KV cache blocks", sch.blocks.num_blocks),
-            ("prompt_tokens_total", "counter", "prompt tokens of admitted requests", st.prompt_tokens),
-            ("generation_tokens_total", "counter", "generated tokens", st.generation_tokens),
-            ("computed_tokens_total", "counter", "tokens run through the model (prefill, recompute, decode)",
-             st.computed_tokens),
-            ("request_success_total", "counter", "requests finished (stop or length)", st.requests_finished),
-            ("request_aborted_total", "counter", "requests aborted (client gone)", st.requests_aborted),
-            ("num_preemptions_total", "counter", "sequences preempted for lack of KV blocks", sch.num_preemptions),
-            ("engine_steps_total", "counter", "engine steps", st.steps),
-            ("engine_step_seconds_total", "counter", "time spent in engine steps", round(st.step_seconds, 6)),
-        ]
-        lines = []
-        for name, kind, help_, value in rows:
-            lines += [f"# HELP k2bench_{name} {help_}", f"# TYPE k2bench_{name} {kind}", f"k2bench_{name} {value}"]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type": "text/plain; version=0.0.4"})
+        return web.Response(body=self.prom.render(), headers={"Content-Type": server_metrics.CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -203,6 +184,7 @@ class OpenAIServer:
         seq = Sequence(ids, req.params, request_id=rid)
         detok = Detokenizer(self.tok, ids) if self.tok is not None else None
         stops = StopStrings(req.stop)
+        timer = self.prom.request(seq)
         queue = self.async_engine.submit(seq)
         stream = _Stream(self, request, rid, chat, req.include_usage) if req.stream else None
         pieces: list[str] = []
@@ -217,6 +199,8 @@ class OpenAIServer:
                         return error_response(ev.error, 400 if not self.async_engine.fatal else 500)
                     await stream.error(ev.error)
                     return stream.resp
+                if ev.token is not None:
+                    timer.token()
                 text = detok.push(ev.token) if (detok is not None and ev.token is not None) else ""
                 text, hit = stops.feed(text)
                 finish = ev.finish_reason
@@ -230,6 +214,7 @@ class OpenAIServer:
                     await stream.token(text, ev.token, finish)
                 else:
                     pieces.append(text)
+            timer.finished()
             usage = {"prompt_tokens": len(ids), "completion_tokens": seq.num_output_tokens,
                      "total_tokens": len(ids) + seq.num_output_tokens}
             if stream is not None:

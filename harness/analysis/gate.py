@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, counted, per_run
+from k2bench.harness.eval.gate import judge
 
 
 @dataclass
@@ -51,6 +52,7 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
         res = RegressResult(candidate_runs=cand_ids, baseline_runs=[], history_runs=[], verdicts=[],
                             frontier=None, overall="no-baseline", baseline_reason=sel.reason,
                             candidate_meta=sel.candidate[-1])
+        _judge_accuracy(store, cand_ids, [], res)
         return GateOutput(res, _plot_points(cand_pts), [])
     base_pts = points[points["run_id"].isin(base_ids)]
     hist_pts = points[points["run_id"].isin(hist_ids)] if hist_ids else None
@@ -59,4 +61,28 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
     res = compare(cand_pts, base_pts, hist_pts, cand_req, base_req, config)
     res.baseline_reason = sel.reason
     res.candidate_meta, res.baseline_meta = sel.candidate[-1], sel.baseline[-1]
+    _judge_accuracy(store, cand_ids, base_ids, res)
     return GateOutput(res, _plot_points(cand_pts), _plot_points(base_pts))
+
+
+def _items(evals: dict[int, list[dict]], run_ids: list[int], key: tuple[str, str]) -> list[float]:
+    """Per-item scores of one (task, metric) pooled over runs (each run's items are independent trials)."""
+    return [x for rid in run_ids for e in evals.get(rid, []) if (e["task"], e["metric"]) == key
+            for x in (e["items"] or [])]
+
+
+def _judge_accuracy(store, cand_ids: list[int], base_ids: list[int], res: RegressResult) -> None:
+    """Accuracy verdicts per evaluated task: the model's threshold and the two-proportion test on the
+    pooled per-item scores; a failed one makes the whole result a regression."""
+    cand = store.evals_by_run(cand_ids)
+    base = store.evals_by_run(base_ids)
+    model = str(res.candidate_meta.get("model") or "")
+    for key in sorted({(e["task"], e["metric"]) for evs in cand.values() for e in evs}):
+        c_items = _items(cand, cand_ids, key)
+        if not c_items:
+            res.notes.append(f"accuracy {key[0]}: the candidate kept no per-item scores; not gated")
+            continue
+        verdict = judge(key[0], model, c_items, _items(base, base_ids, key) or None)
+        res.accuracy.append(asdict(verdict))
+        if verdict.failed:
+            res.overall = "regression"

@@ -103,6 +103,7 @@ class RegressResult:
     notes: list[str] = field(default_factory=list)
     candidate_meta: dict = field(default_factory=dict)
     baseline_meta: dict = field(default_factory=dict)
+    accuracy: list[dict] = field(default_factory=list)  # k2bench.harness.eval.gate.AccuracyVerdict as dicts
 
     @property
     def regressions(self) -> list[Verdict]:
@@ -167,6 +168,8 @@ def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str |
         df = df[df["success"].astype(bool)]
     if rule == "output_rate":  # tokens per second of one request: throughput at fixed concurrency
         vals = df["output_tokens"].astype(float) / df["e2el_ms"].astype(float)
+    elif rule == "inv_output_rate":  # time per output token of one request: cost per token at one price
+        vals = df["e2el_ms"].astype(float) / df["output_tokens"].astype(float)
     elif rule == "inv_tpot":
         vals = 1000.0 / df["tpot_ms"].astype(float)
     else:
@@ -216,6 +219,8 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
         for m in METRICS:
             if m.column not in cand.columns or m.column not in base.columns:
                 continue
+            if cand[m.column].isna().all() and base[m.column].isna().all():
+                continue  # not measured on either side (e.g. J/token without GPU telemetry): not applicable
             verdicts.append(_verdict(m, int(conc), cand, base, c_run, b_run, h_run, cand_requests,
                                      base_requests, cfg))
     fv = _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)

@@ -27,6 +27,10 @@ def register(sub) -> None:
                    "64 heads, 384 experts of 2048, top 8, vocab 163840; about 8.7 GB per MoE layer in MXFP4)")
     t.add_argument("--device", default="cpu", help="where weights are drawn and quantised (cuda is much faster "
                    "for kimi-k2-width)")
+    t.add_argument("--task", default=None, choices=("tiny-arith",),
+                   help="train the tiny model on this shipped task (CPU, a few minutes) before writing it, "
+                   "instead of random weights; MXFP4 only")
+    t.add_argument("--steps", type=int, default=None, help="training steps with --task (default: the trainer's)")
     t.set_defaults(handler=run_tiny)
     p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
 
@@ -36,6 +40,10 @@ def run_tiny(args: argparse.Namespace) -> int:
 
     if args.layers is not None and args.layers < 1:
         raise UserError(f"--layers must be at least 1, not {args.layers}")
+    if args.task is not None:
+        return _train(args)
+    if args.steps is not None:
+        raise UserError("--steps only applies with --task")
     try:
         from k2bench.engine.model.tiny import write_tiny_checkpoint
     except ImportError as exc:
@@ -60,4 +68,32 @@ def run_tiny(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"cannot write {args.out}: {exc}") from exc
     print(f"wrote tiny {args.quant} checkpoint to {out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from k2bench.errors import UserError
+
+    if args.quant != "mxfp4" or args.preset != "tiny" or args.device != "cpu":
+        raise UserError("--task trains the tiny preset on CPU and writes MXFP4 (drop --quant/--preset/--device)")
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be at least 1, not {args.steps}")
+    try:
+        from k2bench.engine.model.train_tiny import TrainSpec, train_tiny
+    except ImportError as exc:
+        raise UserError(f"training needs the engine extra and transformers: pip install 'k2bench[engine,dev]' "
+                        f"({exc})") from exc
+    from dataclasses import replace
+
+    spec = TrainSpec(seed=args.seed)
+    if args.steps is not None:
+        spec = replace(spec, steps=args.steps)
+    if args.layers is not None:
+        spec = replace(spec, layers=args.layers)
+    try:
+        summary = train_tiny(args.out, args.task, spec, log=lambda msg: print(msg, flush=True))
+    except OSError as exc:
+        raise UserError(f"cannot write {args.out}: {exc}") from exc
+    print(f"trained on {args.task} in {summary['train_seconds']} s: held-out exact match "
+          f"{summary['held_out_exact_match_qat']:.3f} (A4W4 numerics, before export); wrote MXFP4 checkpoint to {args.out}")
     return 0

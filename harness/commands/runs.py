@@ -37,14 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_arg(s)
     s.set_defaults(handler=_show)
 
-    e = sub.add_parser("export", help="write a run as k2bench.run/1 JSON")
+    e = sub.add_parser("export", help="write a run as k2bench.run JSON")
     e.add_argument("run", metavar="RUN", help="run id")
     e.add_argument("--json", required=True, metavar="PATH", dest="json_path", help="file to write")
     e.add_argument("--requests", action="store_true", help="include every request's raw stamps")
     add_db_arg(e)
     e.set_defaults(handler=_export)
 
-    i = sub.add_parser("import", help="store k2bench.run/1 JSON files (or other tools' results) as new runs",
+    i = sub.add_parser("import", help="store k2bench.run JSON files (or other tools' results) as new runs",
                        description="Every file is validated before anything is written; each file is then "
                                    "stored in one transaction (all of it or none of it). With --from, other "
                                    "tools' result files are mapped to runs (one per configuration, a level per "
@@ -181,7 +181,16 @@ def _show(args) -> int:
                 console.print(f"{where}: first errors: " + "; ".join(p["errors"]), highlight=False, markup=False)
     else:
         console.print("no finished levels")
+    for ev in doc["evals"]:
+        console.print(eval_line(ev), highlight=False, markup=False)
     return 0
+
+
+def eval_line(ev: dict) -> str:
+    """One accuracy evaluation as `show` prints it."""
+    stderr = f" ± {ev['stderr']:.4f}" if ev.get("stderr") is not None else ""
+    under = f" at concurrency {ev['concurrency']}" if ev.get("concurrency") else ""
+    return f"eval {ev['task']}: {ev['metric']} {ev['value']:.4f}{stderr} (n={ev['n']}{under})"
 
 
 def _levels(doc: dict) -> str:

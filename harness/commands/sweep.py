@@ -70,9 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="fraction of a level's requests that may fail with the level still valid (default 0)")
     valid.add_argument("--allow-osl-mismatch", action="store_true",
                        help="keep a level valid when outputs differ from the requested length (default: invalid)")
+    acc = p.add_argument_group("accuracy (lm-evaluation-harness, after the levels, on the same server)")
+    acc.add_argument("--eval", action="append", default=[], metavar="TASK[@CONC]",
+                     help="evaluate TASK (k2bench eval --list) with CONC requests in flight (default: the "
+                          "highest level) and store it with the run (repeatable)")
+    acc.add_argument("--eval-data", metavar="PATH", help="items of the evaluations (GSM8K-format JSONL)")
+    acc.add_argument("--eval-limit", type=int, metavar="N", help="only the first N items of each evaluation")
     rec = p.add_argument_group("recording")
     add_db_arg(rec)
-    rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run/1 JSON")
+    rec.add_argument("--json", dest="json_path", metavar="PATH", help="also write the run as k2bench.run JSON")
     rec.add_argument("--commit", help="commit measured (default: git HEAD, if in a git checkout)")
     rec.add_argument("--branch", help="branch measured (default: the current git branch)")
     rec.add_argument("--tag", action="append", metavar="KEY=VALUE", help="free-form tag (repeatable)")
@@ -80,6 +86,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--precision", help="weight precision to record (default: from the model or recipe)")
     rec.add_argument("--hardware", help="hardware name to record (default: detected)")
     rec.add_argument("--notes", help="free text stored with the run")
+    tel = p.add_argument_group("telemetry (energy, cost, the server's own metrics)")
+    tel.add_argument("--gpu-ids", default=None, metavar="0,1,...",
+                     help="GPUs to read power from (default: the server's CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, "
+                          "else all; needs the gpu extra or amdsmi)")
+    tel.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
+                     help="price of one GPU-hour for $ per million tokens (default: the shipped table's price "
+                          "for the recorded hardware, if it has one)")
+    tel.add_argument("--no-telemetry", action="store_true",
+                     help="read neither GPU power nor the server's /metrics")
     p.set_defaults(handler=_sweep)
 
 
@@ -136,6 +151,20 @@ def parse_count(text: str | None, flag: str) -> tuple[int | None, float | None]:
     raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}")
 
 
+def parse_evals(items: list[str]) -> list[tuple[str, int | None]]:
+    """'tiny-arith' -> ('tiny-arith', None); 'gsm8k@64' -> ('gsm8k', 64); the task names are checked here."""
+    from k2bench.harness.eval.tasks import get_task
+
+    out = []
+    for item in items:
+        task, sep, conc = item.partition("@")
+        get_task(task.strip())
+        if sep and not (conc.strip().isdigit() and int(conc) >= 1):
+            raise UserError(f"--eval {item!r}: expected TASK or TASK@CONC with CONC a positive integer")
+        out.append((task.strip(), int(conc) if sep else None))
+    return out
+
+
 def parse_tags(items: list[str] | None) -> dict[str, str]:
     tags: dict[str, str] = {}
     for item in items or []:
@@ -148,6 +177,7 @@ def parse_tags(items: list[str] | None) -> dict[str, str]:
 
 def _config(args: argparse.Namespace):
     from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.telemetry.level import TelemetryConfig
     from k2bench.harness.validity import ValidityRules
     from k2bench.workloads import loader
 
@@ -170,6 +200,9 @@ def _config(args: argparse.Namespace):
         api_key=args.api_key or os.environ.get("K2BENCH_API_KEY") or None,
         rules=ValidityRules(max_failure_rate=args.max_failure_rate, allow_osl_mismatch=args.allow_osl_mismatch),
         level_timeout_s=args.level_timeout, command_line=getattr(args, "argv", None),
+        evals=parse_evals(args.eval), eval_data=args.eval_data, eval_limit=args.eval_limit,
+        telemetry=TelemetryConfig(gpu=not args.no_telemetry, server_metrics=not args.no_telemetry,
+                                  gpu_ids=args.gpu_ids, gpu_hour_usd=args.gpu_hour_usd),
     )
 
 
@@ -193,4 +226,11 @@ def _sweep(args: argparse.Namespace) -> int:
         events = LevelEvents(level_start=display.level_start, level_done=display.level_done, message=display.say)
         result = run_sweep(cfg, events)
     report(result, cfg, args.db)
+    if cfg.evals and result.run_id is not None:
+        from k2bench.harness.commands.runs import eval_line
+        from k2bench.harness.store import Store
+
+        with Store.open(cfg.db, readonly=True) as store:
+            for ev in store.get_evals(result.run_id):
+                print(eval_line(ev))
     return result.exit_code

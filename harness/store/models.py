@@ -83,6 +83,17 @@ class Request(Base):
     )
 
 
+class Eval(Base):
+    """One accuracy evaluation of a run (schema.Eval), per-item scores kept for the gate."""
+
+    __table__ = Table(
+        "evals", Base.metadata,
+        Column("id", Integer, primary_key=True),
+        Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
+        *schema_columns(schema.EVAL),
+    )
+
+
 class ChangePoint(Base):
     __tablename__ = "change_points"
     __table_args__ = (Index("ix_change_points_series", "fingerprint", "branch"),)

@@ -26,7 +26,7 @@ from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_sta
 from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
 from k2bench.harness.store.liveness import current_writer, writer_alive
-from k2bench.harness.store.models import ChangePoint, Point, Request, Run
+from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run
 
 RUN_FIELD_NAMES = frozenset(s.name for s in schema.RUN)
 _INVALID = func.sum(case((Point.valid.is_(False), 1), else_=0))  # a run's levels that do not count
@@ -166,7 +166,7 @@ class Store(FramesMixin, CulpritsMixin):
             s.execute(update(Run).where(Run.id == run.id).values(status=status, finished_at=now, updated_at=now))
 
     def import_run(self, doc: dict) -> int:
-        """Store a k2bench.run/1 document as a new run, all or nothing; returns the new id."""
+        """Store a k2bench.run document as a new run, all or nothing; returns the new id."""
         doc = runjson.validate_doc(doc)
         by_level: dict[tuple[int, int], list[dict]] = {}
         for r in doc.get("requests") or []:
@@ -180,12 +180,34 @@ class Store(FramesMixin, CulpritsMixin):
                 reqs = by_level.get((p["concurrency"], p["trial"]))
                 if reqs:
                     s.execute(insert(Request), [_json_request_row(r, row.id, point_id) for r in reqs])
+            for ev in doc["evals"]:
+                s.execute(insert(Eval).values(run_id=row.id, **schema.to_columns(schema.EVAL, ev)))
             return row.id
+
+    def add_eval(self, run_id: int, ev: dict) -> None:
+        """Store one accuracy evaluation of a run (schema.Eval) in its own transaction."""
+        e = runjson.validate_eval(ev)
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            s.execute(insert(Eval).values(run_id=run.id, **schema.to_columns(schema.EVAL, e)))
+            s.execute(update(Run).where(Run.id == run.id).values(updated_at=_utcnow()))
+
+    def get_evals(self, run_id: int) -> list[dict]:
+        """A run's accuracy evaluations in the order they were stored."""
+        with self._read() as s:
+            run = self._require_run(s, run_id)
+            return _evals_of(s, [run.id]).get(run.id, [])
+
+    def evals_by_run(self, run_ids: Sequence[int]) -> dict[int, list[dict]]:
+        """{run id: its evaluations} for many runs at once (runs without any are left out)."""
+        with self._read() as s:
+            return _evals_of(s, list(run_ids))
 
     def delete_run(self, run_id: int) -> None:
         with self._writer() as s:
             run = self._require_run(s, run_id)
             s.execute(delete(Request).where(Request.run_id == run.id))
+            s.execute(delete(Eval).where(Eval.run_id == run.id))
             s.execute(delete(Point).where(Point.run_id == run.id))
             s.execute(delete(Run).where(Run.id == run.id))
 
@@ -246,14 +268,15 @@ class Store(FramesMixin, CulpritsMixin):
             return [_run_dict(run, n, bad) for run, n, bad in s.execute(q).all()]
 
     def export_run(self, run_id: int, include_requests: bool = False) -> dict:
-        """The run as a k2bench.run/1 document (points ordered by concurrency, trial)."""
+        """The run as a k2bench.run document (points ordered by concurrency, trial)."""
         with self._read() as s:
             run = self._require_run(s, run_id)
             points = s.execute(
                 select(Point).where(Point.run_id == run.id).order_by(Point.concurrency, Point.trial)
             ).scalars().all()
             run_obj = {k: v for k, v in _run_dict(run, len(points)).items() if k in RUN_FIELD_NAMES}
-            doc = runjson.build_doc(run_obj, [_point_dict(p) for p in points])
+            doc = runjson.build_doc(run_obj, [_point_dict(p) for p in points],
+                                    evals=_evals_of(s, [run.id]).get(run.id, []))
             if include_requests:
                 reqs = s.execute(
                     select(Request).where(Request.run_id == run.id)
@@ -279,6 +302,16 @@ class Store(FramesMixin, CulpritsMixin):
                 q = q.where(Request.warmup.is_(False))
             rows = s.execute(q.order_by(Request.concurrency, Request.trial, Request.idx, Request.id)).scalars().all()
             return [(r, _row_record(r)) for r in rows]
+
+
+def _evals_of(s: Session, run_ids: list[int]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    if not run_ids:
+        return out
+    rows = s.execute(select(Eval).where(Eval.run_id.in_(run_ids)).order_by(Eval.run_id, Eval.id)).scalars()
+    for r in rows:
+        out.setdefault(r.run_id, []).append(schema.from_columns(schema.EVAL, r))
+    return out
 
 
 def _as_run_id(run_id) -> int | None:

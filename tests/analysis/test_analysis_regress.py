@@ -183,3 +183,33 @@ def test_curve_ten_percent_lower_with_the_same_flip_is_a_frontier_regression():
     res = compare(cand, hist, hist)
     assert res.frontier.comparison.shift == pytest.approx(-0.10, abs=0.01)
     assert res.frontier.status == "regression" and res.overall == "regression"
+
+
+def test_cost_is_judged_on_each_requests_time_per_output_token():
+    """$/Mtok rises when requests take longer per output token: its sample moves the same way."""
+    import pandas as pd
+
+    from k2bench.harness.analysis.regress import request_samples
+    from k2bench.harness.catalogue import BY_COLUMN
+
+    reqs = pd.DataFrame({"concurrency": [4, 4, 4, 8], "success": [True, True, False, True],
+                         "output_tokens": [100, 50, 100, 10], "e2el_ms": [1000.0, 1000.0, 5.0, 1.0]})
+    rule = BY_COLUMN["usd_per_mtok"].sample
+    assert list(request_samples(reqs, 4, rule)) == [10.0, 20.0]  # failed requests and other levels left out
+    assert BY_COLUMN["usd_per_mtok"].higher_is_better is False
+
+
+def test_energy_per_token_is_gated_where_measured_and_left_out_where_not():
+    """J/token on a history with 1% noise: a 15% rise is a regression (judged on history, no request
+    sample); on runs without GPU telemetry there is no J/token verdict at all, not a 'missing' one."""
+    hist, cand, _ = fixture_frames("noise2")
+    res = compare(cand, hist, hist)
+    assert not any(v.metric == "j_per_token" for v in res.verdicts)
+    rng = np.random.default_rng(3)
+    hist, cand = hist.copy(), cand.copy()
+    hist["j_per_token"] = 0.5 * (1 + 0.01 * rng.standard_normal(len(hist)))
+    cand["j_per_token"] = 0.5 * 1.15 * (1 + 0.01 * rng.standard_normal(len(cand)))
+    res = compare(cand, hist, hist)
+    energy = [v for v in res.verdicts if v.metric == "j_per_token"]
+    assert energy and all(v.status == "regression" for v in energy)
+    assert all(v.mw_source != "requests" for v in energy)

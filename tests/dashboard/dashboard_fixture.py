@@ -6,6 +6,11 @@ are synthesised with exact timing (every request of a level: TTFT = ttft(c), the
 real Store, so the expected values below follow from the timing model, not from the code under
 test. The bundled engine's last commit is a regression: every token gap is 25% longer, so its
 throughput drops by ~20% at every level and a change point is recorded for it.
+
+Each level also carries telemetry from the same model: one GPU drawing a constant ``watts(c)`` over
+the level (11 samples, counter included) through the real energy summary, a price of
+``PRICE`` per GPU-hour through the real cost code, and server gauges (KV usage c/64, c running),
+so J/token = watts / tok/s and $/Mtok = PRICE / 3600 / tok/s x 1e6 are known in advance.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from datetime import datetime, timedelta, timezone
 from k2bench.harness.metrics import summarize_level
 from k2bench.harness.records import RequestRecord
 from k2bench.harness.store import Store
+from k2bench.harness.telemetry import cost, power
+from k2bench.harness.telemetry.gpu import Reading
 
 ISL, OSL = 128, 16
 LEVELS = (4, 8, 16, 32)
@@ -26,6 +33,31 @@ CULPRIT = "e5" * 20  # the commit between the last two that a bisection named (i
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
 # what a CPU run records as its hardware: long, and the same for every configuration here
 HARDWARE = "Intel(R) Xeon(R) Platinum 8480C Processor @ 2.00GHz"
+PRICE = 2.0  # US$ per GPU-hour
+
+
+def watts(engine: str, c: int) -> float:
+    return (200.0 + 10.0 * c) * (0.9 if engine == "vllm" else 1.0)
+
+
+def telemetry(engine: str, c: int, point: dict) -> dict:
+    """The level's energy, cost and server metrics from the fixture's power and gauge model."""
+    n = 11  # samples across the level, ends included
+    t = [k * point["duration_s"] / (n - 1) for k in range(n)]
+    w = watts(engine, c)
+    window = power.Window(ids=["0"], names=["Fixture GPU"], vendor="fixture", t=t,
+                          readings=[[Reading(power_w=w, energy_j=w * x, sm_clock_mhz=1900.0 - c, mem_clock_mhz=2600.0)
+                                     for x in t]])
+    energy = power.summarize(window, point["input_tokens"] + point["output_tokens"], point["output_tokens"])
+    price = cost.level_cost(PRICE, point["tput_per_gpu"], point["output_tput_per_gpu"], "fixture price")
+    gauges = {"k2bench_kv_cache_usage_perc": [c / 64] * n, "k2bench_num_requests_running": [float(c)] * n}
+    server = {"counters": {"k2bench_prompt_tokens_total": point["input_tokens"]},
+              "gauges": {k: {"mean": v[0], "max": v[0]} for k, v in gauges.items()},
+              "raw": {"t_s": t, "gauges": gauges}}
+    assert energy["power_valid"], energy["reason"]
+    return {"energy": energy, "cost": price, "server_metrics": server, "j_per_token": energy["j_per_token"],
+            "tokens_per_j": energy["tokens_per_j"], "usd_per_mtok": price["usd_per_mtok"],
+            "usd_per_mtok_output": price["usd_per_mtok_output"]}
 
 
 def ttft_ms(c: int) -> float:
@@ -70,11 +102,26 @@ def meta(engine: str, commit: str, branch: str, when: datetime) -> dict:
             "commit": commit, "branch": branch, "started_at": when.isoformat(), "tags": {"fixture": "yes"}}
 
 
-def add_run(store: Store, engine: str, commit_index: int, branch: str, when: datetime) -> int:
-    run_id = store.create_run(meta(engine, COMMITS[commit_index], branch, when))
+def roofline(engine: str, commit_index: int) -> dict:
+    """A limit exactly twice the measured levels on both axes: every level sits at 50% of it."""
+    return {"hardware": "H200", "dtype": "bf16", "source": "fixture", "points": [
+        {"concurrency": c, "tput_per_gpu": 2 * expected_tput(engine, c, commit_index),
+         "interactivity": 2 * expected_interactivity(engine, c, commit_index)} for c in LEVELS]}
+
+
+def add_run(store: Store, engine: str, commit_index: int, branch: str, when: datetime,
+            with_roofline: bool = False) -> int:
+    m = meta(engine, COMMITS[commit_index], branch, when)
+    if with_roofline:
+        m["extra"] = {"roofline": roofline(engine, commit_index)}
+    run_id = store.create_run(m)
     for c in LEVELS:
         recs = level_records(c, ttft_ms(c), gap_ms(engine, c, commit_index))
-        store.add_point(run_id, summarize_level(recs, concurrency=c, num_gpus=1), recs)
+        point = summarize_level(recs, concurrency=c, num_gpus=1)
+        point.update(telemetry(engine, c, point))
+        if with_roofline:
+            point["pct_roofline"] = 100.0 * point["tput_per_gpu"] / (2 * expected_tput(engine, c, commit_index))
+        store.add_point(run_id, point, recs)
     store.finish_run(run_id, "complete")
     return run_id
 
@@ -88,7 +135,7 @@ def build(url: str) -> Fixture:
                 # the bundled engine runs an hour after vllm each day: its regressed run is the newest
                 when = T0 + timedelta(days=i, hours=1 if engine == "bundled" else 0)
                 fx.runs[(engine, i)] = add_run(store, engine, i, "main", when)
-        fx.feature_run = add_run(store, "vllm", 1, "feature-x", T0 + timedelta(days=1, hours=6))
+        fx.feature_run = add_run(store, "vllm", 1, "feature-x", T0 + timedelta(days=1, hours=6), with_roofline=True)
         fx.unfinished_run = store.create_run(meta("vllm", COMMITS[-1], "main", T0 + timedelta(days=4)))
         store.finish_run(fx.unfinished_run, "partial")
         for engine in ENGINES:

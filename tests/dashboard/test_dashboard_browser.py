@@ -44,8 +44,15 @@ PAGES = {
     "Compare": ["Frontiers: A: run #", "Per-concurrency deltas (B relative to A)",
                 "Throughput of B at matched interactivity"],
     "Run detail": ["TTFT distribution", "Inter-token latency CDF", "Request timeline", "Engine flags",
-                   "max_num_seqs"],
+                   "max_num_seqs", "GPU power per GPU", "SM clock per GPU", "Server KV-cache usage", "Server queue"],
 }
+# further views of a page, opened by URL: (screenshot name, page, extra query, labels on screen)
+VIEWS = [
+    ("frontier_energy", "Frontier", "&view=Tokens+per+joule+vs+interactivity",
+     ["Tokens per joule vs interactivity", "Tokens per joule", "c32"]),
+    ("frontier_cost", "Frontier", "&view=Cost+vs+interactivity",
+     ["Cost per million tokens vs interactivity", "Cost per million tokens ($/Mtok)", "c32"]),
+]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 90.0) -> None:
@@ -154,8 +161,9 @@ def test_every_page_renders_its_chart(server, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     shots = screenshot_dir(tmp_path)
-    for page, labels in PAGES.items():
-        browser.get(f"{server}/?page={page.replace(' ', '+')}")
+    visits = [(page.lower().replace(" ", "_"), page, "", labels) for page, labels in PAGES.items()] + VIEWS
+    for name, page, query, labels in visits:
+        browser.get(f"{server}/?page={page.replace(' ', '+')}{query}")
         wait = WebDriverWait(browser, 60)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".js-plotly-plot .main-svg")))
         # Streamlit fills the page in as the script runs: wait until every expected label is there
@@ -168,11 +176,11 @@ def test_every_page_renders_its_chart(server, browser, tmp_path):
         # the chart's foot at the window's foot: the controls and tables above it stay in the picture
         browser.execute_script("arguments[0].scrollIntoView({block: 'end'})", charts[0])
         time.sleep(0.3)
-        shot = shots / f"{page.lower().replace(' ', '_')}.png"
+        shot = shots / f"{name}.png"
         save_screenshot(browser, shot)
         assert 10_000 < shot.stat().st_size < 200_000, (shot, shot.stat().st_size)
         assert "Traceback" not in browser.page_source
-        if page == "Compare":  # default: the newest run (the regression) against its predecessor
+        if name == "compare":  # default: the newest run (the regression) against its predecessor
             body = browser.find_element(By.TAG_NAME, "body").text
             assert re.search(r"-\d+\.\d% vs A", body), body[:2000]
         if page == "Frontier":

@@ -147,6 +147,9 @@ def test_frontier_shows_invalid_levels_greyed_with_their_reason_only_when_asked(
     table = page_table(at, "frontier_table")
     assert sorted(table.loc[table["config"].str.startswith("vllm"), "concurrency"]) == valid_levels
     assert any("1 invalid level(s)" in c.value for c in at.caption)
+    for view in at.radio(key="frontier_view").options:  # every view, including those without a value there
+        at.radio(key="frontier_view").set_value(view).run()
+        assert not at.exception, (view, [e.value for e in at.exception])
 
 
 def test_frontier_alternative_views(fixture, monkeypatch):
@@ -166,6 +169,25 @@ def test_frontier_alternative_views(fixture, monkeypatch):
     (fig,) = figures(at)
     assert fig["layout"]["xaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
     assert fig["layout"]["yaxis"]["title"]["text"] == "TTFT median (ms)"
+
+
+def test_frontier_energy_and_cost_views(fixture, monkeypatch):
+    at = open_page(fixture.url, "Frontier", monkeypatch)
+    at.radio(key="frontier_view").set_value("Tokens per joule vs interactivity").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["yaxis"]["title"]["text"] == "Tokens per joule"
+    for engine in fxdb.ENGINES:
+        (points,) = [t for t in fig["data"] if t["name"].startswith(engine) and t["mode"] == "markers+text"]
+        want = [fxdb.expected_tput(engine, c, LAST) / fxdb.watts(engine, c) for c in fxdb.LEVELS]
+        assert points["y"] == pytest.approx(want, rel=1e-6)
+    at.radio(key="frontier_view").set_value("Cost vs interactivity").run()
+    (fig,) = figures(at)
+    assert fig["layout"]["yaxis"]["title"]["text"] == "Cost per million tokens ($/Mtok)"
+    (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
+    want = [fxdb.PRICE / 3600 / fxdb.expected_tput("vllm", c, LAST) * 1e6 for c in fxdb.LEVELS]
+    assert points["y"] == pytest.approx(want, rel=1e-9)
+    table = page_table(at, "frontier_table")
+    assert {"tokens_per_j", "usd_per_mtok"} <= set(table.columns)
 
 
 def test_frontier_filters_and_csv(fixture, monkeypatch):
@@ -339,7 +361,8 @@ def test_run_detail_metadata_levels_and_distributions(fixture, monkeypatch):
     assert list(levels["concurrency"]) == list(fxdb.LEVELS)
     assert list(levels["tput_per_gpu"]) == pytest.approx([fxdb.expected_tput("vllm", c, 2) for c in fxdb.LEVELS])
     at.selectbox(key="detail_conc").set_value(8).run()
-    ttft, itl, timeline = figures(at)
+    figs = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    ttft, itl, timeline = figs["TTFT distribution"], figs["Inter-token latency CDF"], figs["Request timeline"]
     assert ttft["layout"]["title"]["text"] == "TTFT distribution"
     assert ttft["data"][0]["x"] == pytest.approx([fxdb.ttft_ms(8)] * 16)
     assert itl["layout"]["title"]["text"] == "Inter-token latency CDF"
@@ -351,6 +374,47 @@ def test_run_detail_metadata_levels_and_distributions(fixture, monkeypatch):
     (bars,) = traces(timeline, "request (succeeded)")
     assert len([x for x in bars["x"] if x is not None]) == 2 * 16  # start and end of each request
     assert f"Download run_{run_id}_c8_requests as CSV" in [b.label for b in at.get("download_button")]
+
+
+def test_run_detail_power_clock_and_server_timelines(fixture, monkeypatch):
+    run_id = fixture.runs[("bundled", 1)]
+    at = open_page(fixture.url, "Run detail", monkeypatch)
+    at.selectbox(key="detail_run").set_value(run_id).run()
+    figs = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    (gpu,) = figs["GPU power per GPU"]["data"]
+    # levels end to end in concurrency order, each at its constant fixture power
+    want = [w for c in fxdb.LEVELS for w in [fxdb.watts("bundled", c)] * _n(fixture, run_id, c) + [None]]
+    assert gpu["y"] == pytest.approx(want)
+    (clock,) = figs["SM clock per GPU"]["data"]
+    assert {v for v in clock["y"] if v is not None} == {1900.0 - c for c in fxdb.LEVELS}
+    (kv,) = figs["Server KV-cache usage"]["data"]
+    assert {v for v in kv["y"] if v is not None} == {c / 64 for c in fxdb.LEVELS}
+    assert [t["name"] for t in figs["Server queue"]["data"]] == ["k2bench_num_requests_running"]
+    assert "Measured levels against the roofline" not in figs  # this run recorded no roofline
+    levels = page_table(at, "detail_levels")
+    tput = [fxdb.expected_tput("bundled", c, 1) for c in fxdb.LEVELS]
+    assert list(levels["j_per_token"]) == pytest.approx([fxdb.watts("bundled", c) / t for c, t in zip(fxdb.LEVELS, tput, strict=True)])
+    assert list(levels["usd_per_mtok"]) == pytest.approx([fxdb.PRICE / 3600 / t * 1e6 for t in tput])
+
+
+def _n(fixture, run_id: int, c: int) -> int:
+    from k2bench.harness.store import Store
+
+    with Store.open(fixture.url, readonly=True) as store:
+        (p,) = [p for p in store.export_run(run_id)["points"] if p["concurrency"] == c]
+    return len(p["energy"]["raw"]["t_s"])
+
+
+def test_run_detail_roofline(fixture, monkeypatch):
+    at = open_page(fixture.url, "Run detail", monkeypatch)
+    at.selectbox(key="detail_run").set_value(fixture.feature_run).run()
+    figs = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    fig = figs["Measured levels against the roofline"]
+    (limit,) = traces(fig, "roofline (H200")
+    (measured,) = traces(fig, "measured")
+    assert sorted(limit["y"]) == pytest.approx(sorted(2 * fxdb.expected_tput("vllm", c, 1) for c in fxdb.LEVELS))
+    assert measured["text"] == [f"c{c} (50%)" for c in fxdb.LEVELS]
+    assert list(page_table(at, "detail_levels")["pct_roofline"]) == pytest.approx([50.0] * len(fxdb.LEVELS))
 
 
 def test_run_detail_follows_the_run_query_parameter(fixture, monkeypatch):

@@ -164,3 +164,19 @@ engine = "testserver"
     with Store.open(db, readonly=True) as store:
         (run,) = store.list_runs()
     assert run["engine"] == "testserver" and run["status"] == "complete"
+
+
+def test_an_entrys_gpu_hour_price_and_gpus_override_the_command_lines(tmp_path) -> None:
+    from k2bench.harness.jobrun import job_config
+    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.telemetry.level import TelemetryConfig
+    from k2bench.workloads import loader
+
+    s = _suite(tmp_path, MATRIX.replace('hardware = "mi355x"', 'hardware = "mi355x"\ngpu_hour_usd = [2.5, 4]'))
+    base = SweepConfig(levels=[1], workload=loader.load("8k1k"),
+                       telemetry=TelemetryConfig(gpu_hour_usd=9.0, gpu_ids="0,1"))
+    prices = sorted({job_config(s, j, base).telemetry.gpu_hour_usd for j in s.jobs})
+    assert prices == [2.5, 4]
+    assert {job_config(s, j, base).telemetry.gpu_ids for j in s.jobs} == {"0,1"}  # not set in the suite
+    plain = _suite(tmp_path, MATRIX, "plain.toml")
+    assert {job_config(plain, j, base).telemetry.gpu_hour_usd for j in plain.jobs} == {9.0}

@@ -204,6 +204,36 @@ def test_client_disconnect_frees_kv_blocks(server, stream):
     assert m["k2bench_generation_tokens_total"] < before["k2bench_generation_tokens_total"] + 900
 
 
+def test_metrics_count_each_request_and_token_in_prometheus_form(server):
+    """The counters move by exactly the requests' tokens, and the latency histograms (vLLM's names)
+    get one observation per request (TTFT, queue, e2e) and one per later token (ITL)."""
+    from k2bench.harness.telemetry.server_metrics import metrics_url, parse
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(metrics_url(server.url), timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            return {k: v for k, (_, v) in parse(r.read().decode()).items()}
+
+    before = scrape()
+    lengths = (3, 5, 8)
+    c = server.client()
+    for i, n in enumerate(lengths):
+        c.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=n, stream=bool(i % 2),
+                             extra_body={"ignore_eos": True})
+    after = scrape()
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    p = "k2bench_"
+    assert delta[p + "prompt_tokens_total"] == len(PROMPT_IDS) * len(lengths)
+    assert delta[p + "generation_tokens_total"] == sum(lengths)
+    assert delta[p + "request_success_total"] == len(lengths)
+    for name in ("time_to_first_token_seconds", "request_queue_time_seconds", "e2e_request_latency_seconds"):
+        assert delta[p + name + "_count"] == len(lengths), name
+    assert delta[p + "inter_token_latency_seconds_count"] == sum(n - 1 for n in lengths)
+    # each request's end comes after its first token, so the sums keep that order
+    assert delta[p + "e2e_request_latency_seconds_sum"] >= delta[p + "time_to_first_token_seconds_sum"] > 0
+    assert after[p + "num_requests_running"] == 0 and 0 <= after[p + "kv_cache_usage_perc"] <= 1
+
+
 def test_api_key(tiny):
     s = Server(tiny, "--api-key", "sekrit", "--served-model-name", "tiny")
     try:

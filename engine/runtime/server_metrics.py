@@ -1,0 +1,97 @@
+"""The server's /metrics through prometheus_client: engine counters and gauges read at scrape time,
+and the latency histograms operators expect, named as vLLM names them (with the k2bench_ prefix).
+
+Counters and gauges are owned by the engine thread (EngineStats, the scheduler); a collector reads
+them when scraped, so the engine keeps plain integers and no lock is taken per step. Histograms
+are observed by the HTTP handler, from the engine's own clock (a Sequence's arrival and first
+scheduling) and the moments its tokens reach the handler. One registry per server, so several
+servers in one process (tests) never share a metric.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from k2bench.engine.runtime.sequence import Sequence
+
+PREFIX = "k2bench_"
+# seconds; decode steps of a tiny CPU model are a few ms, prefills of 8k tokens on a big MoE many seconds
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        eng = self.engine
+        sch, st = eng.scheduler, eng.stats
+        gauges = [
+            ("num_requests_running", "requests in the running batch", len(sch.running)),
+            ("num_requests_waiting", "requests waiting for admission", len(sch.waiting)),
+            ("kv_cache_usage_perc", "fraction of KV cache blocks in use", sch.blocks.usage),
+            ("kv_cache_blocks_total", "KV cache blocks", sch.blocks.num_blocks),
+        ]
+        counters = [
+            ("prompt_tokens", "prompt tokens of admitted requests", st.prompt_tokens),
+            ("generation_tokens", "generated tokens", st.generation_tokens),
+            ("computed_tokens", "tokens run through the model (prefill, recompute, decode)", st.computed_tokens),
+            ("request_success", "requests finished (stop or length)", st.requests_finished),
+            ("request_aborted", "requests aborted (client gone)", st.requests_aborted),
+            ("num_preemptions", "sequences preempted for lack of KV blocks", sch.num_preemptions),
+            ("engine_steps", "engine steps", st.steps),
+            ("engine_step_seconds", "time spent in engine steps", st.step_seconds),
+        ]
+        for name, help_, value in gauges:
+            yield GaugeMetricFamily(PREFIX + name, help_, value=value)
+        for name, help_, value in counters:
+            yield CounterMetricFamily(PREFIX + name, help_, value=value)
+
+
+class ServerMetrics:
+    """The registry one server exposes, and the per-request observations its handler makes."""
+
+    def __init__(self, engine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+
+        def hist(name: str, help_: str) -> Histogram:
+            return Histogram(PREFIX + name, help_, buckets=_LATENCY_BUCKETS, registry=self.registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "request arrival to its first generated token")
+        self.itl = hist("inter_token_latency_seconds", "time between consecutive tokens of one request")
+        self.e2e = hist("e2e_request_latency_seconds", "request arrival to its last token (finished requests)")
+        self.queue = hist("request_queue_time_seconds", "request arrival to its first scheduling")
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def request(self, seq: Sequence) -> RequestTimer:
+        return RequestTimer(self, seq)
+
+
+class RequestTimer:
+    """Observes one request's latencies as its tokens reach the handler."""
+
+    def __init__(self, metrics: ServerMetrics, seq: Sequence) -> None:
+        self.m, self.seq = metrics, seq
+        self.last: float | None = None
+
+    def token(self) -> None:
+        now = time.monotonic()
+        if self.last is None:
+            self.m.ttft.observe(now - self.seq.arrival_time)
+            if self.seq.first_scheduled_time is not None:
+                self.m.queue.observe(max(0.0, self.seq.first_scheduled_time - self.seq.arrival_time))
+        else:
+            self.m.itl.observe(now - self.last)
+        self.last = now
+
+    def finished(self) -> None:
+        self.m.e2e.observe(time.monotonic() - self.seq.arrival_time)
