@@ -39,6 +39,7 @@ VIEWS = {
 PALETTE = qualitative.Plotly
 REGRESSION_COLOR = "#d62728"
 IMPROVEMENT_COLOR = "#2ca02c"
+INVALID_COLOR = "#9e9e9e"
 
 
 def _label(col: str) -> str:
@@ -58,10 +59,12 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = False) -> go
 
 def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
                     reference: pd.DataFrame | None = None, log: bool = False,
-                    title: str | None = None) -> go.Figure:
+                    title: str | None = None, invalid: pd.DataFrame | None = None) -> go.Figure:
     """Every level as a point labelled with its concurrency; each group's frontier as a line.
 
-    Levels without a value on either axis (no GPU telemetry, no price) are left out, and said so."""
+    Levels without a value on either axis (no GPU telemetry, no price) are left out, and said so.
+    ``invalid``: levels that do not count, drawn grey and unjoined with their reason on hover, so a
+    user can see what was measured and why it was left out without it touching any frontier."""
     fig = go.Figure()
     drawn = levels.dropna(subset=[c for c in (view.x, view.y) if c in levels.columns])
     if view.y not in levels.columns or len(drawn) < len(levels):
@@ -82,9 +85,26 @@ def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
         fig.add_trace(go.Scatter(
             x=line[view.x], y=line[view.y], mode="lines", name=f"{name} frontier", legendgroup=str(name),
             line={"color": color, "width": 2}, showlegend=False, hoverinfo="skip"))
+    if invalid is not None and not invalid.empty:
+        _add_invalid(fig, invalid, view, by)
     if reference is not None and not reference.empty:
         _add_reference(fig, reference, view)
     return _layout(fig, title or view.title, _label(view.x), _label(view.y), log)
+
+
+def _add_invalid(fig: go.Figure, invalid: pd.DataFrame, view: View, by: str) -> None:
+    if view.x not in invalid.columns or view.y not in invalid.columns:
+        return
+    drawable = invalid.dropna(subset=[view.x, view.y])  # e.g. no finished request, or no GPU telemetry
+    if drawable.empty:
+        return
+    hover = [f"INVALID: {row.get('invalid_reason') or 'no reason stored'}<br>{row.get(by, '')}<br>{text}"
+             for row, text in zip(drawable.to_dict("records"), _hover(drawable), strict=True)]
+    fig.add_trace(go.Scatter(
+        x=drawable[view.x], y=drawable[view.y], mode="markers+text", name="invalid levels (not counted)",
+        text=[f"c{int(c)}" for c in drawable["concurrency"]], textposition="bottom center",
+        textfont={"color": INVALID_COLOR}, marker={"color": INVALID_COLOR, "size": 9, "symbol": "x"},
+        customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
 
 
 def _hover(grp: pd.DataFrame) -> list[str]:

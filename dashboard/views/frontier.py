@@ -33,15 +33,25 @@ def runs_to_load(selected: pd.DataFrame, mode: str) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids))
 
 
-def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool):
-    """The page's table and figure from the selected runs' points (also timed by bench/dashboard_bench.py).
+def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool,
+          invalid: pd.DataFrame | None = None):
+    """The page's table and figure from the selected runs' valid points (also timed by
+    bench/dashboard_bench.py); ``invalid`` levels of those runs, when given, are drawn apart.
 
     Configurations are named by what tells them apart (labels.short_labels), so legends stay short."""
-    names, _ = labels.short_labels(points)
+    names, _ = labels.short_labels(points if invalid is None else pd.concat([points, invalid]))
     levels = data.latest_run_per_config(points) if mode == MODES[0] else data.median_over_runs(points)
     levels = levels.assign(config=levels["config"].map(names))
-    fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log)
+    if invalid is not None:
+        invalid = invalid.assign(config=invalid["config"].map(names))
+    fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log, invalid=invalid)
     return levels, fig
+
+
+def split_valid(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(levels that count, invalid levels) of points loaded with their invalid levels."""
+    ok = points["valid"].fillna(False).astype(bool) if "valid" in points.columns else pd.Series(True, points.index)
+    return points[ok], points[~ok]
 
 
 def render(url: str, runs: pd.DataFrame) -> None:
@@ -58,18 +68,25 @@ def render(url: str, runs: pd.DataFrame) -> None:
     mode = c2.selectbox("Points", MODES, key="frontier_mode")
     show_ref = c3.checkbox("Show published reference points", value=True, key="frontier_ref")
     log = c3.checkbox("Log axes", key="frontier_log")
+    show_invalid = c3.checkbox("Show invalid levels", value=False, key="frontier_invalid",
+                               help="Levels that do not count (failed or timed-out requests, wrong lengths), "
+                                    "drawn grey and never part of a frontier; hover for the reason.")
     if selected.empty:
         st.warning("No runs match these filters.")
         return
-    points = cache.points(url, runs_to_load(selected, mode))
+    points = cache.points(url, runs_to_load(selected, mode), include_invalid=show_invalid)
+    points, invalid = split_valid(points) if show_invalid else (points, None)
     reference, hidden = matching(load_reference(), points) if show_ref else (None, [])
-    levels, fig = build(points, view_name, mode, reference, log)
+    levels, fig = build(points, view_name, mode, reference, log, invalid)
     st.plotly_chart(fig, key="frontier_chart")
     n_runs = selected["run_id"].nunique()
     _, shared = labels.short_labels(points)
     common = f" All of them: {shared}." if shared else ""
     st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection.{common} "
                "Labels are concurrency levels; lines join each configuration's Pareto-optimal levels.")
+    if invalid is not None:
+        st.caption(f"{len(invalid)} invalid level(s) in these runs, drawn as grey crosses and left out of "
+                   "every frontier and of the table." if len(invalid) else "No invalid level in these runs.")
     if reference is not None and not reference.empty:
         for name, src in reference[["name", "source"]].drop_duplicates().itertuples(index=False):
             st.caption(f"Reference: {name} — source: {src}")

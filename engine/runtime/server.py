@@ -47,10 +47,11 @@ def error_response(message: str, status: int = 400, param: str | None = None, co
 
 class OpenAIServer:
     def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None, served_name: str,
-                 api_key: str | None = None):
+                 api_key: str | None = None, root: str | None = None):
         self.engine = engine
         self.tok = tokenizer
         self.names = (served_name,)
+        self.root = root  # the model folder, listed as "root" (as vLLM does) so clients find its tokenizer
         self.api_key = api_key
         self.async_engine: AsyncEngine | None = None
         self.prom = server_metrics.ServerMetrics(engine)
@@ -110,6 +111,9 @@ class OpenAIServer:
     async def models(self, request: web.Request) -> web.Response:
         data = [{"id": n, "object": "model", "created": self.created, "owned_by": "k2bench",
                  "max_model_len": self.engine.config.max_model_len} for n in self.names]
+        for entry in data:
+            if self.root:
+                entry["root"] = self.root
         return web.json_response({"object": "list", "data": data})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -278,8 +282,8 @@ class _Stream:
 
 
 async def serve(engine: LLMEngine, tokenizer: Tokenizer | None, *, host: str, port: int, served_name: str,
-                api_key: str | None = None, ready_message: bool = True) -> None:
-    srv = OpenAIServer(engine, tokenizer, served_name, api_key)
+                api_key: str | None = None, root: str | None = None, ready_message: bool = True) -> None:
+    srv = OpenAIServer(engine, tokenizer, served_name, api_key, root)
     runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

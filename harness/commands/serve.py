@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        await serve(engine, tok, host=args.host, port=args.port, served_name=name, api_key=api_key)
+        await serve(engine, tok, host=args.host, port=args.port, served_name=name, api_key=api_key,
+                    root=str(model.resolve()))
 
     try:
         asyncio.run(main())

@@ -151,6 +151,40 @@ def test_committed_fixtures_are_what_the_generator_makes():
         assert load_fixture(name) == json.loads(json.dumps(scenario)), name
 
 
+# A sweep whose level 32 sits within 1% of level 16's throughput: it is on the Pareto set at 1005 tok/s/GPU
+# and off it (dominated by level 16's 1000 at higher interactivity) at 995.
+_SWEEP = {4: (60.0, 400.0), 8: (50.0, 700.0), 16: (40.0, 1000.0), 32: (25.0, 1005.0), 64: (12.0, 2000.0)}
+
+
+def _sweep_frame(run_ids, scale=1.0, level32=1005.0):
+    rows = []
+    for rid, s in zip(run_ids, np.broadcast_to(scale, len(run_ids)), strict=True):
+        for conc, (inter, tput) in _SWEEP.items():
+            tput = level32 if conc == 32 else tput
+            rows.append({"run_id": rid, "concurrency": conc, "trial": 0, "interactivity_median": inter,
+                         "tput_per_gpu": tput * s})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("base32", "cand32"), [(1005.0, 995.0), (995.0, 1005.0)])
+def test_level_slipping_on_or_off_the_pareto_set_by_one_percent_does_not_move_the_frontier(base32, cand32):
+    # History of four baseline runs a few tenths of a percent apart, so the noise test applies.
+    hist = _sweep_frame([1, 2, 3, 4], scale=[1.0, 0.996, 1.004, 1.002], level32=base32)
+    cand = _sweep_frame([5], level32=cand32)
+    res = compare(cand, hist, hist)
+    assert abs(res.frontier.comparison.shift) < 0.011
+    assert res.frontier.status != "regression" and res.frontier.status != "improvement"
+    assert res.overall == "unchanged"
+
+
+def test_curve_ten_percent_lower_with_the_same_flip_is_a_frontier_regression():
+    hist = _sweep_frame([1, 2, 3, 4], scale=[1.0, 0.996, 1.004, 1.002], level32=1005.0)
+    cand = _sweep_frame([5], scale=0.9, level32=995.0)
+    res = compare(cand, hist, hist)
+    assert res.frontier.comparison.shift == pytest.approx(-0.10, abs=0.01)
+    assert res.frontier.status == "regression" and res.overall == "regression"
+
+
 def test_cost_is_judged_on_each_requests_time_per_output_token():
     """$/Mtok rises when requests take longer per output token: its sample moves the same way."""
     import pandas as pd

@@ -119,3 +119,24 @@ def test_outlier_runs_are_screened_only_from_long_histories():
     assert len(stats.screened(short)) == 5  # 5 runs: the MAD is too unstable to judge
     # the screened spread is the honest one; unscreened, the throttled run would hide a 10% drop
     assert stats.noise_test(long, 100.0, 90.0, n_baseline=5).p_value < 1e-4
+
+
+def test_moving_one_level_by_one_percent_moves_the_frontier_by_at_most_one_percent():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        x = np.sort(rng.uniform(5, 80, 6))[::-1]
+        y = np.cumsum(rng.uniform(-100, 600, 6)) + 1000  # mostly rising with concurrency, with dips
+        y2 = y.copy()
+        k = rng.integers(6)
+        y2[k] *= rng.choice([0.99, 1.01])
+        res = pareto.compare_frontiers(x, y, x, y2)
+        assert 0.99 - 1e-9 <= res.min_ratio and res.max_ratio <= 1.01 + 1e-9
+
+
+def test_attainable_frontier_is_the_best_of_the_log_log_curve_at_or_above_each_interactivity():
+    x, y = [10.0, 20.0, 40.0], [1000.0, 900.0, 950.0]  # level at 20 is dominated by the one at 40
+    at = pareto.attainable(x, y, [10.0, 12.0, 20.0, 30.0, 40.0, 50.0])
+    assert at[0] == pytest.approx(1000.0) and at[2] == pytest.approx(950.0) and at[4] == pytest.approx(950.0)
+    # at 12 the curve (log-log between 10 and 20) is still above 950: 1000 * 0.9 ** (log 1.2 / log 2)
+    assert at[1] == pytest.approx(1000.0 * 0.9 ** (math.log(1.2) / math.log(2)))
+    assert at[3] == pytest.approx(950.0) and math.isnan(at[5])

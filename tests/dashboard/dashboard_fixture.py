@@ -183,3 +183,25 @@ def add_published_workload_run(url: str, model: str = "amd/Kimi-K2.5-MXFP4", isl
     finally:
         store.close()
     return run_id
+
+
+INVALID_REASON = "12 of 64 requests failed"
+
+
+def add_run_with_invalid_level(url: str, engine: str = "vllm", concurrency: int = 32) -> int:
+    """The newest run of ``engine`` (last commit, day 5) whose level ``concurrency`` is stored invalid,
+    with token gaps twice as long there, so a wrong frontier through it would show."""
+    store = Store.open(url)
+    try:
+        run_id = store.create_run(meta(engine, COMMITS[-1], "main", T0 + timedelta(days=5)))
+        for c in LEVELS:
+            gap = gap_ms(engine, c, len(COMMITS) - 1) * (2.0 if c == concurrency else 1.0)
+            recs = level_records(c, ttft_ms(c), gap)
+            point = summarize_level(recs, concurrency=c, num_gpus=1)
+            if c == concurrency:
+                point["valid"], point["invalid_reason"] = False, INVALID_REASON
+            store.add_point(run_id, point, recs)
+        store.finish_run(run_id, "complete")
+    finally:
+        store.close()
+    return run_id

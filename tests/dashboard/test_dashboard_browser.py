@@ -226,12 +226,14 @@ def test_empty_database_page_shows_the_command(tmp_path, browser):
 
 
 def test_frontier_e2e_view_draws_its_frontier_lines(server, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"{server}/?page=Frontier")
-    wait = WebDriverWait(browser, 60)
+    # Plotly redraws the chart after the click: an element read mid-redraw is stale, so look again
+    wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".js-plotly-plot .main-svg")))
     option = wait.until(ec.element_to_be_clickable(
         (By.XPATH, "//label[.//p[normalize-space()='Throughput vs E2E latency']]")))

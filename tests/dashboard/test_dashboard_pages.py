@@ -112,6 +112,46 @@ def test_frontier_overlays_published_reference_with_source(published, monkeypatc
     assert not traces(fig, "MI355X · ATOM")
 
 
+@pytest.fixture(scope="module")
+def with_invalid(tmp_path_factory) -> fxdb.Fixture:
+    """The fixture plus a newest vllm run whose level 32 is stored invalid."""
+    fx = fxdb.build(f"sqlite:///{tmp_path_factory.mktemp('dash_invalid') / 'invalid.db'}")
+    fxdb.add_run_with_invalid_level(fx.url, "vllm", 32)
+    return fx
+
+
+def test_frontier_shows_invalid_levels_greyed_with_their_reason_only_when_asked(with_invalid, monkeypatch):
+    valid_levels = [c for c in fxdb.LEVELS if c != 32]
+    want_x = [fxdb.expected_interactivity("vllm", c, LAST) for c in valid_levels]
+    bad_x = 1000.0 / (2 * fxdb.gap_ms("vllm", 32, LAST))
+    at = open_page(with_invalid.url, "Frontier", monkeypatch)
+    assert not at.checkbox(key="frontier_invalid").value  # off by default
+    (fig,) = figures(at)
+    assert not traces(fig, "invalid")
+    (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
+    assert points["text"] == [f"c{c}" for c in valid_levels]
+
+    at.checkbox(key="frontier_invalid").check().run()
+    assert not at.exception
+    (fig,) = figures(at)
+    (grey,) = traces(fig, "invalid")
+    assert grey["mode"] == "markers+text"  # markers, never joined by a line
+    assert grey["marker"]["color"] == "#9e9e9e" and grey["text"] == ["c32"]
+    assert grey["x"] == pytest.approx([bad_x], rel=1e-9)
+    assert fxdb.INVALID_REASON in grey["customdata"][0] and "concurrency 32" in grey["customdata"][0]
+    # the valid levels and the frontier line are exactly as without the invalid one
+    (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
+    assert points["x"] == pytest.approx(want_x, rel=1e-9)
+    (line,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["name"].endswith("frontier")]
+    assert bad_x not in line["x"] and sorted(line["x"]) == pytest.approx(sorted(want_x))
+    table = page_table(at, "frontier_table")
+    assert sorted(table.loc[table["config"].str.startswith("vllm"), "concurrency"]) == valid_levels
+    assert any("1 invalid level(s)" in c.value for c in at.caption)
+    for view in at.radio(key="frontier_view").options:  # every view, including those without a value there
+        at.radio(key="frontier_view").set_value(view).run()
+        assert not at.exception, (view, [e.value for e in at.exception])
+
+
 def test_frontier_alternative_views(fixture, monkeypatch):
     at = open_page(fixture.url, "Frontier", monkeypatch)
     at.radio(key="frontier_view").set_value("Throughput vs E2E latency").run()

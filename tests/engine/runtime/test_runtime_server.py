@@ -97,6 +97,18 @@ def test_completion_usage_and_length_under_ignore_eos(server):
     assert r2.choices[0].text == r.choices[0].text  # greedy is deterministic
 
 
+def test_models_lists_the_model_folder_as_root_so_an_attached_sweep_finds_the_vocabulary(tiny, server):
+    from k2bench.harness.launch import ServerHandle
+
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as r:
+        served = json.loads(r.read())["data"]
+    assert [m["id"] for m in served] == ["tiny"]
+    assert served[0]["root"] == str(tiny.resolve())
+    # What `k2bench sweep --url` does with it: the tokenizer is found without --model.
+    handle = ServerHandle(url=server.url, engine="external", served=served)
+    assert handle.model_root("tiny") == tiny.resolve()
+
+
 def test_streaming_completion_with_usage_and_token_id_prompt(server):
     c = server.client()
     chunks = list(c.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=9, temperature=0.8, seed=3,
