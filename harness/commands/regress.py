@@ -168,12 +168,29 @@ def _changepoints(args) -> int:
             writer = writer or _open(args.db)
             kept = _unscanned_change_points(writer, fp, args.branch, metrics or cp.default_metrics())
             writer.replace_change_points(fp, args.branch, kept + rows)
-        print(f"fingerprint {fp}: {len(ids)} run(s), {len(rows)} change point(s)")
+        print(f"{_series_name(r for r in runs if r.get('fingerprint') == fp)} (fingerprint {fp[:12]}): "
+              f"{len(ids)} run(s), {len(rows)} change point(s)" + _runs_needed(len(ids)))
         for r in sorted(rows, key=lambda r: (r["metric"], r["concurrency"], r["run_id"])):
             print(f"  {r['metric']:<22} conc {r['concurrency']:<5} run #{r['run_id']:<6} "
                   f"{str(r['commit'] or '')[:10]:<10} {r['mean_before']:>12.4g} -> {r['mean_after']:<12.4g} "
                   f"{100 * r['rel_change']:+6.1f}%  p={r['p_value']:.2g}")
     return 0
+
+
+def _series_name(runs) -> str:
+    """A series named by what it measures (engine, model, hardware, workload), not by its hash."""
+    r = next(iter(runs), {})
+    parts = [r.get("engine"), r.get("model"), r.get("precision"), r.get("hardware"),
+             f"TP{r['tp']}" if r.get("tp") else None, r.get("workload")]
+    return " · ".join(str(p) for p in parts if p) or "unnamed configuration"
+
+
+def _runs_needed(n: int) -> str:
+    """What a series too short to scan lacks: a change needs DEFAULT_MIN_SIZE runs on each side."""
+    from k2bench.harness.analysis import changepoints as cp
+
+    need = 2 * cp.DEFAULT_MIN_SIZE
+    return "" if n >= need else f"; finding a change needs at least {need} runs ({need - n} more)"
 
 
 def _unscanned_change_points(store, fingerprint: str, branch: str, scanned) -> list[dict]:

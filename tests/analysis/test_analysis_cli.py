@@ -162,3 +162,21 @@ def test_per_metric_threshold_from_the_command_line(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     v = next(v for v in doc["verdicts"] if v["metric"] == "tput_per_gpu" and v["concurrency"] == 16)
     assert v["threshold"] == 0.15 and v["status"] == "unchanged"
+
+
+def test_changepoints_names_each_series_and_what_a_short_one_lacks(tmp_path, capsys):
+    """Seen by a newcomer (issue 16): `fingerprint ddd10739d6a5c009: 2 run(s), 0 change point(s)`, an
+    opaque id and no word on how many runs a scan needs."""
+    url, fx = _db(tmp_path, "step60")
+    assert main(["changepoints", "--branch", "main", "--metric", "tput_per_gpu", "--db", url]) == 0
+    out = capsys.readouterr().out
+    run = fx["runs"][0]["run"]
+    assert out.startswith(f"{run['engine']} · {run['model']}") and run["hardware"] in out.splitlines()[0]
+    assert "needs at least" not in out  # a long series says nothing about length
+    short = f"sqlite:///{tmp_path / 'short.db'}"
+    store = Store.open(short)
+    for doc in fx["runs"][:2]:
+        store.import_run(doc)
+    store.close()
+    assert main(["changepoints", "--branch", "main", "--metric", "tput_per_gpu", "--db", short]) == 0
+    assert "2 run(s), 0 change point(s); finding a change needs at least 6 runs (4 more)" in capsys.readouterr().out
