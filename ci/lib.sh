@@ -29,3 +29,20 @@ k2_sweep() {
     exit 3
   fi
 }
+
+# k2_nightly_args "$@": the arguments both nightly scripts take; sets REPO, BRANCH, OUT.
+# --help prints the calling script's header comment (lines 2-13).
+k2_nightly_args() {
+  REPO=.
+  BRANCH=main
+  OUT=${K2BENCH_OUT:-results/nightly}
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --repo) REPO=$2; shift 2 ;;
+      --branch) BRANCH=$2; shift 2 ;;
+      --out) OUT=$2; shift 2 ;;
+      -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+      *) echo "$(basename "$0"): unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+}

@@ -12,21 +12,9 @@
 #              K2BENCH_BISECT_ARGS (e.g. "--num-prompts 40 --trials 2"), GH_TOKEN + GITHUB_REPOSITORY
 set -euo pipefail
 
-REPO=.
-BRANCH=main
-OUT=${K2BENCH_OUT:-results/nightly}
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --repo) REPO=$2; shift 2 ;;
-    --branch) BRANCH=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "ci/nightly_scan.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+k2_nightly_args "$@"
 k2_paths
 echo "k2bench nightly scan: $BRANCH, db $SHOWN_DB"
 

@@ -22,10 +22,11 @@ from k2bench.harness.importers import (
     interactivity,
     number,
     read_json,
+    vllm,
 )
 
-STATS = {"mean": "mean", "median": "median", "std": "std", "p90": "p90", "p99": "p99", "p99.9": "p99.9"}
-METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2el_ms": "e2el"}
+# InferenceX keeps vLLM's key names (in seconds, without the _ms suffix): the same tables.
+STATS, METRICS = vllm.STATS, vllm.METRICS
 
 
 def _gpus(doc: dict) -> int | None:
