@@ -143,15 +143,16 @@ class ModelRunner:
         cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu[1:])
         mb = blocks_for(max_ctx, self.block_size)
-        bt = self._bt[torch.tensor(rows, dtype=torch.int64), :mb]
-        if total == len(lens):  # pure decode: one token per sequence
+        bt = self._bt.index_select(0, torch.tensor(rows, dtype=torch.int64))[:, :mb]
+        bs = self.block_size
+        if total == len(lens):  # pure decode: one token per sequence, its slot read off the block list
             positions = starts_t
-            seq_idx = torch.arange(len(lens))
+            slots = torch.tensor([s.seq.block_table[s.start // bs] * bs + s.start % bs for s in sched.seqs],
+                                 dtype=torch.int64)
         else:
             seq_idx = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
             positions = torch.arange(total, dtype=torch.int64) - cu[:-1][seq_idx] + starts_t[seq_idx]
-        bs = self.block_size
-        slots = bt[seq_idx, positions // bs] * bs + positions % bs
+            slots = bt[seq_idx, positions // bs] * bs + positions % bs
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=positions,

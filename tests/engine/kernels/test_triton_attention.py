@@ -151,19 +151,18 @@ def test_split_heuristic_uses_shapes_only():
 
     # one sequence, 16 heads, 8k-token table on 132 SMs: many splits, capped
     assert default_num_splits(1, 16, 512, 16, num_sms=132) == MAX_SPLITS
-    # 8 sequences of 64 heads in 16-head programs = 32 programs, 264 resident: 9 splits would need two
-    # rounds (288 programs), 16 fill two rounds exactly
-    assert default_num_splits(8, 64, 512, 16, num_sms=132) == 16
+    # 8 sequences of 64 heads in 16-head programs = 32 programs, 264 resident slots: 8 splits fill one round
+    assert default_num_splits(8, 64, 512, 16, num_sms=132) == 8
     # a short table limits the splits (256 tokens per split at least)
     assert default_num_splits(1, 16, 32, 16, num_sms=132) == 2
     assert default_num_splits(1, 16, 4, 16, num_sms=132) == 1
-    # 64 heads in one program (one resident per SM): batch 32 in 12 splits = 3 full rounds of 132, not 9
-    # (a third round a fifth full); batch 128 in 3 (384 programs, 2.9 rounds)
-    assert default_num_splits(32, 64, 512, 16, num_sms=132, block_h=64) == 12
-    assert default_num_splits(128, 64, 512, 16, num_sms=132, block_h=64) == 3
-    # large batches: no split unless it saves more than 5% of the rounds (or two programs per SM need it)
+    # 64 heads in one program (one resident per SM): one round of 132 programs at most
+    assert default_num_splits(32, 64, 512, 16, num_sms=132, block_h=64) == 4
+    assert default_num_splits(4, 64, 512, 16, num_sms=132, block_h=64) == MAX_SPLITS
+    assert default_num_splits(128, 64, 512, 16, num_sms=132, block_h=64) == 1
+    # large batches: no split
     assert default_num_splits(128, 64, 512, 16, num_sms=132) == 1
-    assert default_num_splits(256, 64, 512, 16, num_sms=132, block_h=64) == 2
+    assert default_num_splits(300, 8, 512, 16, num_sms=132) == 1
 
 
 def test_mla_decode_rejects_bad_shapes():

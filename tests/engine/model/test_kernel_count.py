@@ -140,6 +140,7 @@ def test_kernels_per_decode_layer_proxy_on_cpu(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events:UserWarning")
 def test_kernels_per_decode_layer_on_cuda(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
