@@ -171,8 +171,8 @@ class ModelRunner:
         n = inp.input_ids.numel()
         if self.graphs is not None and n == inp.context_lens.numel() == inp.sample_idx.numel() \
                 and self.graphs.bucket(n) is not None:  # pure decode, every row sampled
-            return self.graphs.run(*(t.to(dev, non_blocking=True) for t in (
-                inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables)))
+            return self.graphs.run(inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens,
+                                   inp.block_tables)  # host tensors (rank 0) are staged and uploaded by the graphs
         if dev.type != "cpu":
             inp = StepInputs(*(t.to(dev, non_blocking=True) for t in (
                 inp.input_ids, inp.positions, inp.cu_seqlens, inp.context_lens,
