@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import torch
 
     from k2bench.engine.model.attn_meta import AttentionMetadata
+    from k2bench.engine.model.layers import Rotary
 
 
 class BackendError(ValueError):
@@ -37,6 +38,27 @@ class KernelBackend(Protocol):
     ) -> torch.Tensor:
         """y = x W^T. `weight_scale is None`: a float weight; otherwise packed MXFP4 [N, K/2] with E8M0
         scales [N, K/32]. a4w4 quantises the activations per 32 along K first."""
+        ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+        """RMSNorm of x's rows (`layers.rms_norm_reference`). With `residual`: h = x + residual rounded to x's
+        dtype, returns (norm(h), h), so a decoder layer's residual add costs no pass of its own."""
+        ...
+
+    def mla_rope_cache(
+        self,
+        q_pe: torch.Tensor,
+        kv: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        norm_weight: torch.Tensor,
+        eps: float,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """MLA's step between the projections and attention: rope on q_pe [T, H, rope] (returned) and on the
+        key half of kv [T, r + rope], RMSNorm (`norm_weight` [r]) on its latent half, and both written to the
+        paged cache at `slot_mapping` (fp8 caches saturate)."""
         ...
 
     def fused_moe(

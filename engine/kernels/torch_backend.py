@@ -7,13 +7,20 @@ matmul, which is the numerics of gfx950's scaled-MFMA kernels; W4 mode keeps act
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from k2bench.engine.kernels.backend import AttentionPlan
 from k2bench.engine.model.attn_meta import AttentionMetadata
+from k2bench.engine.model.layers import rms_norm_reference
 from k2bench.engine.model.mxfp4 import dequantize_mxfp4, fake_quantize_mxfp4
+
+if TYPE_CHECKING:
+    from k2bench.engine.model.layers import Rotary
+
+_FP8_MAX = {dt: torch.finfo(dt).max for dt in (torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 @dataclass
@@ -50,6 +57,26 @@ class TorchBackend:
         if a4w4:
             x = fake_quantize_mxfp4(x)
         return F.linear(x, w)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+        if residual is None:
+            return rms_norm_reference(x, weight, eps)
+        h = x + residual
+        return rms_norm_reference(h, weight, eps), h
+
+    def mla_rope_cache(
+        self, q_pe: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, rotary: Rotary, norm_weight: torch.Tensor,
+        eps: float, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        r = norm_weight.shape[0]
+        latent = rms_norm_reference(kv[:, :r], norm_weight, eps)
+        q_pe, k_pe = rotary(positions, q_pe, kv[:, r:])
+        entry = torch.cat((latent, k_pe), dim=-1)
+        if kv_cache.dtype in _FP8_MAX:  # fp8 casts overflow to NaN: saturate instead
+            lim = _FP8_MAX[kv_cache.dtype]
+            entry = entry.float().clamp(-lim, lim)
+        kv_cache.view(-1, kv_cache.shape[-1])[slot_mapping] = entry.to(kv_cache.dtype)
+        return q_pe
 
     def fused_moe(
         self,

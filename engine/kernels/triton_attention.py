@@ -153,16 +153,21 @@ def _sm_count(device_index: int) -> int:
 
 def default_num_splits(batch: int, heads: int, max_blocks: int, block_size: int, *,
                        num_sms: int = DEFAULT_SMS, block_h: int = BLOCK_H) -> int:
-    """Splits per sequence from shapes only: enough stage-1 programs to fill the GPU at small batch.
+    """Splits per sequence from shapes only: as many as keep the stage-1 programs within one round of
+    the GPU's resident slots.
 
-    Programs without splitting are batch * cdiv(heads, block_h); we want PROGRAMS_PER_SM per SM,
-    but a split shorter than MIN_SPLIT_TOKENS of the table width (the longest context the block
-    table can describe) costs more in merging than it gains, and at large batch this gives 1.
+    Slots are one program per SM for 32 or more heads per program (their float32 accumulator fills the
+    registers), else PROGRAMS_PER_SM. On an H200 at 64 heads and 8k contexts, one round measured best
+    at every batch (bench/engine_mla_bench.py --sweep, bench/results/2026-12-01_h200_glue): batch 32
+    in 4 splits 0.224 ms against 0.255 in 12 (three full rounds) and 0.272 in 3; batch 128 unsplit
+    0.688 against 0.710 in 3; batch 4 in 32 splits 0.094 against 0.113 in 16. A split shorter than
+    MIN_SPLIT_TOKENS of the table width (the longest context the block table can describe) costs more
+    in merging than it gains; never more than MAX_SPLITS.
     """
     programs = max(1, batch * triton.cdiv(heads, block_h))
-    want = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    slots = num_sms * (1 if block_h >= 32 else PROGRAMS_PER_SM)
     by_length = max(1, (max_blocks * block_size) // MIN_SPLIT_TOKENS)
-    return max(1, min(want, by_length, MAX_SPLITS))
+    return max(1, min(slots // programs, by_length, MAX_SPLITS))
 
 
 def mla_decode(
@@ -185,7 +190,7 @@ def mla_decode(
     [B, max_blocks] physical block ids (padding past a sequence's blocks is never read);
     context_lens [B] >= 1 tokens each. r and p must be powers of two (512 and 64 in DeepSeek-V3).
     num_splits: context slices per sequence (None: `default_num_splits`); block_n, num_warps and
-    num_stages tune stage 1 (not yet measured on a GPU: the defaults are a first guess); block_h is
+    num_stages tune stage 1 (bench/engine_mla_bench.py --sweep times them); block_h is
     the heads per program (16, 32 or 64: fewer re-reads of the cache, a larger accumulator). Left at
     their defaults, 64 or more heads in bf16 / fp16 run 64 per program (each latent tile read once for all heads of
     the sequence) in 64-token tiles with 8 warps: on an H200 at 64 heads and 8k contexts 0.71 against
@@ -202,6 +207,8 @@ def mla_decode(
             # 64 float32 heads x 64-token tiles ask for 305 KiB of shared memory (an H200 has 227)
             wide = H >= 64 and q_lat.element_size() <= 2
             block_h, block_n, num_warps = (64 if wide else 32), 64, 8
+            if wide and num_stages is None:  # 0.688 against 0.765 ms (2 stages) at batch 128 x 8k on an H200
+                num_stages = 3
         else:
             block_h = BLOCK_H
     if q_pe.shape[:2] != (B, H) or width != r + p:

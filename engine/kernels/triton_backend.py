@@ -30,6 +30,7 @@ from k2bench.engine.kernels.backend import AttentionPlan, BackendError
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
+from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.model.attn_meta import AttentionMetadata
 from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
@@ -289,3 +290,10 @@ class TritonBackend(TorchBackend):
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
         o_lat = mla_decode(q_lat, q_pe.to(q_lat.dtype), kv_cache, tables, lens, scale)
         return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+        return rms_norm(x, weight, eps, residual)
+
+    def mla_rope_cache(self, q_pe, kv, positions, rotary, norm_weight, eps, kv_cache, slot_mapping):
+        return mla_rope_cache(q_pe, kv, positions, rotary.inv_freq(positions.device), rotary.mscale,
+                              rotary.interleave, norm_weight, eps, kv_cache, slot_mapping)

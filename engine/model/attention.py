@@ -23,8 +23,6 @@ from k2bench.engine.model.config import ModelConfig
 from k2bench.engine.model.layers import RMSNorm, Rotary
 from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec
 
-_FP8_MAX = {dt: torch.finfo(dt).max for dt in (torch.float8_e4m3fn, torch.float8_e5m2)}
-
 
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
@@ -43,14 +41,14 @@ class MLAttention(nn.Module):
         H, qk = cfg.num_attention_heads, cfg.qk_head_dim
         if cfg.q_lora_rank:
             self.q_a_proj = Linear(cfg.hidden_size, cfg.q_lora_rank, par, quantized=quantized("q_a_proj"), name="q_a_proj")
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, par.dtype)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, par)
             self.q_b_proj = Linear(cfg.q_lora_rank, H * qk, par, tp_dim=0, quantized=quantized("q_b_proj"), name="q_b_proj")
         else:
             self.q_proj = Linear(cfg.hidden_size, H * qk, par, tp_dim=0, quantized=quantized("q_proj"), name="q_proj")
         self.kv_a_proj_with_mqa = Linear(
             cfg.hidden_size, cfg.kv_cache_dim, par, quantized=quantized("kv_a_proj_with_mqa"), name="kv_a_proj_with_mqa"
         )
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps, par.dtype)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps, par)
         self.kv_b_proj = Linear(
             cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), par, tp_dim=0,
             quantized=quantized("kv_b_proj"), name="kv_b_proj",
@@ -84,17 +82,11 @@ class MLAttention(nn.Module):
         else:
             q = self.q_proj(x)
         q = q.view(T, self.heads, nope + rope_d)
-        q_nope, q_pe = q[..., :nope], q[..., nope:]
         kv = self.kv_a_proj_with_mqa(x)
-        latent = self.kv_a_layernorm(kv[:, :r])
-        q_pe, k_pe = self.rotary(positions, q_pe, kv[:, r:])
-
-        flat = kv_cache.view(-1, kv_cache.shape[-1])
-        entry = torch.cat((latent, k_pe), dim=-1)
-        if kv_cache.dtype in _FP8_MAX:  # fp8 casts overflow to NaN: saturate instead
-            lim = _FP8_MAX[kv_cache.dtype]
-            entry = entry.float().clamp(-lim, lim)
-        flat[meta.slot_mapping] = entry.to(kv_cache.dtype)
+        # rope on q_pe and k_pe, the latent's norm and the cache write: one backend op (one kernel in triton)
+        q_pe = self.par.backend.mla_rope_cache(q[..., nope:], kv, positions, self.rotary, self.kv_a_layernorm.weight,
+                                               self.kv_a_layernorm.eps, kv_cache, meta.slot_mapping)
+        q_nope = q[..., :nope]
 
         w = self._kv_b_dense().view(self.heads, nope + v, r)
         w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]

@@ -28,9 +28,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         prefix = f"{cfg.model_prefix}.layers.{idx}"
         self.prefix = prefix
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par)
         self.self_attn = MLAttention(cfg, par, f"{prefix}.self_attn")
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par)
         if cfg.is_moe_layer(idx):
             self.mlp: nn.Module = MoE(cfg, par, f"{prefix}.mlp")
         else:
@@ -45,10 +45,19 @@ class DecoderLayer(nn.Module):
         yield from self.mlp.specs()
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor, plan
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache, plan)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_cache: torch.Tensor, plan,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this layer's MLP output, the residual stream before it); the caller's next norm adds the two.
+
+        Keeping the sum pending lets each norm do the residual add in the same pass (same rounding as
+        `x + f(norm(x))`); `residual` is None for the first layer, whose input is the embedding."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, positions, meta, kv_cache, plan), residual)
+        return self.mlp(h), residual
 
 
 class DeepseekV3ForCausalLM(nn.Module):
@@ -58,7 +67,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.par = par
         self.embed_tokens = replicated_param((cfg.vocab_size, cfg.hidden_size), par.dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, par, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par.dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, par)
         q = cfg.quant
         self.lm_head = (
             None
@@ -92,9 +101,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.embed_tokens)
         if plan is None:
             plan = self.par.backend.plan_attention(meta, self.cfg.kv_cache_dim)
+        residual = None
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, meta, cache, plan)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, meta, cache, plan)
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

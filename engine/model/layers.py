@@ -1,4 +1,9 @@
-"""Small building blocks: RMSNorm and DeepSeek-V3 rotary embedding with YaRN."""
+"""Small building blocks: RMSNorm and DeepSeek-V3 rotary embedding with YaRN.
+
+The modules hold parameters and tables; the arithmetic runs in the backend (`rms_norm`, and rope as part
+of `mla_rope_cache`), so the triton backend can fuse it with its neighbours. The torch functions here are
+the reference the backends are checked against.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +14,39 @@ import torch
 from torch import nn
 
 from k2bench.engine.model.config import RopeConfig, yarn_get_mscale
-from k2bench.engine.model.parallel import TensorSpec, float_spec, replicated_param
+from k2bench.engine.model.parallel import Parallel, TensorSpec, float_spec, replicated_param
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as DeepSeek-V3 computes it: statistics in float32, the weight applied in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """Rotate x [..., d] by cos/sin [..., d/2] in float32: pairs (x[2i], x[2i+1]) or halves; x's dtype out."""
+    xf = x.float()
+    if interleave:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, dim: int, eps: float, par: Parallel) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = replicated_param((dim,), dtype)
+        self.par = par
+        self.weight = replicated_param((dim,), par.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); with `residual`, (norm(x + residual), x + residual): the add fused into the norm."""
+        return self.par.backend.rms_norm(x, self.weight, self.eps, residual)
 
     def specs(self, name: str) -> Iterator[TensorSpec]:
         yield float_spec(f"{name}.weight", self.weight)
@@ -73,28 +98,20 @@ class Rotary(nn.Module):
         self._inv_freq_cpu = inv_freq
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
-    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = positions.device
-        if dev not in self._inv_freq:
-            self._inv_freq[dev] = self._inv_freq_cpu.to(dev)
-        freqs = positions.float().unsqueeze(-1) * self._inv_freq[dev]  # [T, d/2]
-        return freqs.cos() * self.mscale, freqs.sin() * self.mscale
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        """The float32 inverse frequencies [d/2] on `device` (copied there once; CUDA graphs keep the copy)."""
+        if device not in self._inv_freq:
+            self._inv_freq[device] = self._inv_freq_cpu.to(device)
+        return self._inv_freq[device]
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        if self.interleave:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        else:
-            half = self.dim // 2
-            x1, x2 = xf[..., :half], xf[..., half:]
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, d/2] in float32, magnitude factor included."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq(positions.device)  # [T, d/2]
+        return freqs.cos() * self.mscale, freqs.sin() * self.mscale
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._cos_sin(positions)
-        q = self._rotate(q, cos.unsqueeze(1), sin.unsqueeze(1))
-        k = self._rotate(k, cos, sin)
-        return q, k
+        cos, sin = self.cos_sin(positions)
+        return rope_reference(q, cos.unsqueeze(1), sin.unsqueeze(1), self.interleave), rope_reference(
+            k, cos, sin, self.interleave)

@@ -143,15 +143,16 @@ class ModelRunner:
         cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu[1:])
         mb = blocks_for(max_ctx, self.block_size)
-        bt = self._bt[torch.tensor(rows, dtype=torch.int64), :mb]
-        if total == len(lens):  # pure decode: one token per sequence
+        bt = self._bt.index_select(0, torch.tensor(rows, dtype=torch.int64))[:, :mb]
+        bs = self.block_size
+        if total == len(lens):  # pure decode: one token per sequence, its slot read off the block list
             positions = starts_t
-            seq_idx = torch.arange(len(lens))
+            slots = torch.tensor([s.seq.block_table[s.start // bs] * bs + s.start % bs for s in sched.seqs],
+                                 dtype=torch.int64)
         else:
             seq_idx = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
             positions = torch.arange(total, dtype=torch.int64) - cu[:-1][seq_idx] + starts_t[seq_idx]
-        bs = self.block_size
-        slots = bt[seq_idx, positions // bs] * bs + positions % bs
+            slots = bt[seq_idx, positions // bs] * bs + positions % bs
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=positions,
@@ -170,8 +171,8 @@ class ModelRunner:
         n = inp.input_ids.numel()
         if self.graphs is not None and n == inp.context_lens.numel() == inp.sample_idx.numel() \
                 and self.graphs.bucket(n) is not None:  # pure decode, every row sampled
-            return self.graphs.run(*(t.to(dev, non_blocking=True) for t in (
-                inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables)))
+            return self.graphs.run(inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens,
+                                   inp.block_tables)  # host tensors (rank 0) are staged and uploaded by the graphs
         if dev.type != "cpu":
             inp = StepInputs(*(t.to(dev, non_blocking=True) for t in (
                 inp.input_ids, inp.positions, inp.cu_seqlens, inp.context_lens,

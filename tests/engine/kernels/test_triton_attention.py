@@ -151,13 +151,15 @@ def test_split_heuristic_uses_shapes_only():
 
     # one sequence, 16 heads, 8k-token table on 132 SMs: many splits, capped
     assert default_num_splits(1, 16, 512, 16, num_sms=132) == MAX_SPLITS
-    # 8 sequences of 64 heads = 32 programs: ceil(264 / 32) = 9 splits for a long table
-    assert default_num_splits(8, 64, 512, 16, num_sms=132) == 9
+    # 8 sequences of 64 heads in 16-head programs = 32 programs, 264 resident slots: 8 splits fill one round
+    assert default_num_splits(8, 64, 512, 16, num_sms=132) == 8
     # a short table limits the splits (256 tokens per split at least)
     assert default_num_splits(1, 16, 32, 16, num_sms=132) == 2
     assert default_num_splits(1, 16, 4, 16, num_sms=132) == 1
-    # concurrency 128 with 16 heads: one program per SM, so 3 splits reach 2 per SM
-    assert default_num_splits(128, 16, 512, 16, num_sms=132) == 3
+    # 64 heads in one program (one resident per SM): one round of 132 programs at most
+    assert default_num_splits(32, 64, 512, 16, num_sms=132, block_h=64) == 4
+    assert default_num_splits(4, 64, 512, 16, num_sms=132, block_h=64) == MAX_SPLITS
+    assert default_num_splits(128, 64, 512, 16, num_sms=132, block_h=64) == 1
     # large batches: no split
     assert default_num_splits(128, 64, 512, 16, num_sms=132) == 1
     assert default_num_splits(300, 8, 512, 16, num_sms=132) == 1
