@@ -57,12 +57,14 @@ def test_cli_refuses_training_options_it_cannot_honour(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The default training run, through the CLI as a user runs it."""
-    out = tmp_path_factory.mktemp("trained") / "tiny-arith"
-    proc = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "engine", "tiny", "--task", "tiny-arith",
-                           "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def trained() -> Path:
+    """The default training run, as the default sweep gets it: the cached model (tests/conftest.py's
+    K2BENCH_MODELS), trained through the CLI by the first test that needs it."""
+    from k2bench.harness.launch import ensure_tiny_model
+
+    out = ensure_tiny_model()
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["task"] == "tiny-arith" and summary["steps"] > 0
     return out
 
 
@@ -74,9 +76,6 @@ def _eval(server: Server, tmp_path: Path, name: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(out.read_text())
 
 
-# Measured on the 500 held-out items (seed 0, 1200 steps): W4 0.970, A4W4 0.944. A4W4 misses the
-# issue's 0.95 by 3 items; its floor here is what this trainer reaches, not the target.
-FLOORS = {"w4": 0.95, "a4w4": 0.93}
 
 
 @pytest.mark.slow
@@ -89,8 +88,8 @@ def test_trained_model_served_in_mxfp4_is_right(trained, tmp_path, mode):
         rc, doc = _eval(server, tmp_path, mode)
     finally:
         server.stop()
-    assert doc["n"] == 500 and doc["value"] >= FLOORS[mode], doc["value"]
-    assert rc == (0 if doc["value"] >= 0.95 else 1)  # --min-accuracy 0.95 decides the exit code
+    assert doc["n"] == 500 and doc["value"] >= 0.95, doc["value"]  # the issue's target, in W4 and A4W4
+    assert rc == 0  # --min-accuracy 0.95 passes
 
 
 @pytest.mark.slow
