@@ -88,8 +88,8 @@ def _train(args: argparse.Namespace) -> int:
 
         from k2bench.engine.model.train_tiny import TrainSpec, cached_model, train_tiny
     except ImportError as exc:
-        raise UserError(f"training needs the engine and eval extras (lm-eval brings transformers): "
-                        f"pip install 'k2bench[engine,eval]' ({exc})") from exc
+        raise UserError(f"training needs the engine extra (torch and transformers): pip install 'k2bench[engine]' "
+                        f"({exc})") from exc
     from dataclasses import replace
 
     spec = TrainSpec(seed=args.seed)
