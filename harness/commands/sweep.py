@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--server-cmd", metavar="CMD",
                         help="launch this command line instead of a recipe (the custom recipe): {port} (a free "
                              "port k2bench picks; required), {host}, {model}, {tp} and {python} are filled in")
-    target.add_argument("--model", help="model path or id (default for bundled: the tiny generated model)")
+    target.add_argument("--model", help="model path or id (default for bundled: the tiny model trained on tiny-arith, cached)")
     target.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     target.add_argument("--server-args", default=None,
                         help="extra server arguments, one quoted string (write --server-args='--flag' for one flag)")

@@ -46,14 +46,36 @@ def test_training_is_deterministic_and_writes_quark_mxfp4(tmp_path):
     assert a["steps"] == 3 and (tmp_path / "a" / "training.json").is_file()
 
 
+@pytest.mark.timeout(900)
+def test_the_cache_keeps_a_model_of_the_same_spec_and_retrains_another(tmp_path):
+    """The cache the default sweep and the tests share: reused only when trainer version, settings and
+    data match; anything else (another spec, a damaged training.json) is trained again, whole."""
+    from dataclasses import replace
+
+    from k2bench.engine.model.train_tiny import TrainSpec, cached_model
+
+    spec = TrainSpec(steps=2, batch=4)
+    out, trained = cached_model(tmp_path / "m", "tiny-arith", spec)
+    assert trained and json.loads((out / "training.json").read_text())["steps"] == 2
+    shard = sorted(out.glob("*.safetensors"))[0]
+    stamp = shard.stat().st_mtime_ns
+    assert cached_model(out, "tiny-arith", spec) == (out, False) and shard.stat().st_mtime_ns == stamp
+    assert cached_model(out, "tiny-arith", replace(spec, steps=3))[1]
+    assert json.loads((out / "training.json").read_text())["steps"] == 3
+    (out / "training.json").write_text("{not json")
+    assert cached_model(out, "tiny-arith", replace(spec, steps=3))[1]
+    assert not (tmp_path / "m.training").exists()  # trained beside the cache, then moved into place
+
+
 def test_cli_refuses_training_options_it_cannot_honour(tmp_path, capsys):
     from k2bench.harness.cli import main
 
     assert main(["engine", "tiny", "--out", str(tmp_path), "--task", "tiny-arith", "--quant", "bf16"]) == 2
     assert main(["engine", "tiny", "--out", str(tmp_path), "--steps", "5"]) == 2
     assert main(["engine", "tiny", "--out", str(tmp_path), "--task", "tiny-arith", "--steps", "0"]) == 2
+    assert main(["engine", "tiny", "--out", str(tmp_path), "--reuse"]) == 2
     err = capsys.readouterr().err
-    assert err.count("k2bench: error:") == 3 and "Traceback" not in err
+    assert err.count("k2bench: error:") == 4 and "Traceback" not in err
 
 
 @pytest.fixture(scope="module")
