@@ -374,13 +374,13 @@ def ensure_tiny_model(path: Path | None = None, say: Callable[[str], None] | Non
             str(path), "--reuse"]
     tail: list[str] = []
     with _exclusive(path.parent / f".{path.name}.lock"):
-        if say and not (path / "training.json").is_file():
-            say(f"training the bundled tiny model on tiny-arith into {path} (once: about 2-3 minutes on "
-                f"2 CPU cores; later sweeps reuse it)")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             tail = [*tail[-4:], line.rstrip()]
+            if say and line.startswith("step    0 "):  # the cache missed: training has begun
+                say(f"training the bundled tiny model on tiny-arith into {path} (once: about 2-3 minutes on "
+                    f"2 CPU cores; later sweeps reuse it)")
             if say and line.startswith(("step", "trained")):
                 say(f"  {line.rstrip()}")
         code = proc.wait()
