@@ -6,6 +6,8 @@ A thin door: the engine (torch) is imported inside the handler only.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -31,6 +33,9 @@ def register(sub) -> None:
                    help="train the tiny model on this shipped task (CPU, a few minutes) before writing it, "
                    "instead of random weights; MXFP4 only")
     t.add_argument("--steps", type=int, default=None, help="training steps with --task (default: the trainer's)")
+    t.add_argument("--reuse", action="store_true",
+                   help="with --task: treat DIR as a cache, kept when it holds a model trained with the same "
+                   "trainer version, settings and data, else trained again and replaced whole")
     t.set_defaults(handler=run_tiny)
     p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
 
@@ -42,8 +47,8 @@ def run_tiny(args: argparse.Namespace) -> int:
         raise UserError(f"--layers must be at least 1, not {args.layers}")
     if args.task is not None:
         return _train(args)
-    if args.steps is not None:
-        raise UserError("--steps only applies with --task")
+    if args.steps is not None or args.reuse:
+        raise UserError("--steps and --reuse only apply with --task")
     try:
         from k2bench.engine.model.tiny import write_tiny_checkpoint
     except ImportError as exc:
@@ -79,9 +84,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be at least 1, not {args.steps}")
     try:
-        from k2bench.engine.model.train_tiny import TrainSpec, train_tiny
+        import transformers  # noqa: F401  (the trained model is HF's DeepseekV3ForCausalLM)
+
+        from k2bench.engine.model.train_tiny import TrainSpec, cached_model, train_tiny
     except ImportError as exc:
-        raise UserError(f"training needs the engine extra and transformers: pip install 'k2bench[engine,dev]' "
+        raise UserError(f"training needs the engine extra (torch and transformers): pip install 'k2bench[engine]' "
                         f"({exc})") from exc
     from dataclasses import replace
 
@@ -90,10 +97,18 @@ def _train(args: argparse.Namespace) -> int:
         spec = replace(spec, steps=args.steps)
     if args.layers is not None:
         spec = replace(spec, layers=args.layers)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
     try:
-        summary = train_tiny(args.out, args.task, spec, log=lambda msg: print(msg, flush=True))
+        if args.reuse:
+            out, trained = cached_model(args.out, args.task, spec, log)
+            if not trained:
+                print(f"reusing the trained {args.task} model in {out}")
+                return 0
+        else:
+            train_tiny(args.out, args.task, spec, log)
     except OSError as exc:
         raise UserError(f"cannot write {args.out}: {exc}") from exc
+    summary = json.loads((Path(args.out) / "training.json").read_text())
     print(f"trained on {args.task} in {summary['train_seconds']} s: held-out exact match "
           f"{summary['held_out_exact_match_qat']:.3f} (A4W4 numerics, before export); wrote MXFP4 checkpoint to {args.out}")
     return 0

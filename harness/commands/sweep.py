@@ -6,9 +6,11 @@ Heavy imports (aiohttp, numpy, sqlalchemy, rich) happen inside the handler.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import re
+import sys
 import textwrap
 
 from k2bench.errors import UserError
@@ -17,8 +19,10 @@ from k2bench.harness.commands.common import add_db_arg
 MAX_CONCURRENCY = 1 << 16
 DEFAULT_CONC = "4..128"
 
-DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny generated MXFP4 model "
-                 "on this machine (TP 1).")
+DEFAULT_MODEL_EVAL = "tiny-arith"  # the task the bundled engine's default model is trained on
+DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny MXFP4 model on this machine "
+                 f"(TP 1), trained once on {DEFAULT_MODEL_EVAL} and cached, and the run carries its accuracy on "
+                 f"{DEFAULT_MODEL_EVAL}'s held-out items.")
 
 
 def exit_code_table() -> str:
@@ -41,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--server-cmd", metavar="CMD",
                         help="launch this command line instead of a recipe (the custom recipe): {port} (a free "
                              "port k2bench picks; required), {host}, {model}, {tp} and {python} are filled in")
-    target.add_argument("--model", help="model path or id (default for bundled: the tiny generated model)")
+    target.add_argument("--model", help="model path or id (default for bundled: the tiny model trained on tiny-arith, cached)")
     target.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     target.add_argument("--server-args", default=None,
                         help="extra server arguments, one quoted string (write --server-args='--flag' for one flag)")
@@ -73,7 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     acc = p.add_argument_group("accuracy (lm-evaluation-harness, after the levels, on the same server)")
     acc.add_argument("--eval", action="append", default=[], metavar="TASK[@CONC]",
                      help="evaluate TASK (k2bench eval --list) with CONC requests in flight (default: the "
-                          "highest level) and store it with the run (repeatable)")
+                          "highest level) and store it with the run (repeatable). The bundled engine on its "
+                          f"default model evaluates {DEFAULT_MODEL_EVAL} unless told otherwise; 'none' evaluates "
+                          "nothing")
     acc.add_argument("--eval-data", metavar="PATH", help="items of the evaluations (GSM8K-format JSONL)")
     acc.add_argument("--eval-limit", type=int, metavar="N", help="only the first N items of each evaluation")
     rec = p.add_argument_group("recording")
@@ -151,6 +157,25 @@ def parse_count(text: str | None, flag: str) -> tuple[int | None, float | None]:
     raise UserError(f"{flag} takes a count (40) or a multiple of the concurrency (2x), not {text!r}")
 
 
+def default_evals(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    """--eval as given; without it, the bundled engine's default model is evaluated on the task it was
+    trained on, so every default sweep carries an accuracy figure (skipped, with a note, without lm-eval)."""
+    given = [e.strip() for e in args.eval]
+    if "none" in given:
+        if given != ["none"]:
+            raise UserError("--eval none evaluates nothing; it cannot be combined with tasks")
+        return []
+    if given:
+        return parse_evals(given)
+    if args.url or args.server_cmd or args.model or args.engine not in (None, "bundled"):
+        return []
+    if importlib.util.find_spec("lm_eval") is None:
+        print(f"k2bench: note: no accuracy for this run: evaluating {DEFAULT_MODEL_EVAL} needs "
+              "lm-evaluation-harness (pip install 'k2bench[eval]')", file=sys.stderr)
+        return []
+    return [(DEFAULT_MODEL_EVAL, None)]
+
+
 def parse_evals(items: list[str]) -> list[tuple[str, int | None]]:
     """'tiny-arith' -> ('tiny-arith', None); 'gsm8k@64' -> ('gsm8k', 64); the task names are checked here."""
     from k2bench.harness.eval.tasks import get_task
@@ -200,7 +225,7 @@ def _config(args: argparse.Namespace):
         api_key=args.api_key or os.environ.get("K2BENCH_API_KEY") or None,
         rules=ValidityRules(max_failure_rate=args.max_failure_rate, allow_osl_mismatch=args.allow_osl_mismatch),
         level_timeout_s=args.level_timeout, command_line=getattr(args, "argv", None),
-        evals=parse_evals(args.eval), eval_data=args.eval_data, eval_limit=args.eval_limit,
+        evals=default_evals(args), eval_data=args.eval_data, eval_limit=args.eval_limit,
         telemetry=TelemetryConfig(gpu=not args.no_telemetry, server_metrics=not args.no_telemetry,
                                   gpu_ids=args.gpu_ids, gpu_hour_usd=args.gpu_hour_usd),
     )

@@ -150,3 +150,51 @@ def test_exit_descriptions_name_codes_and_signals() -> None:
 def test_open_server_needs_a_model_for_a_recipe_without_one(tmp_path) -> None:
     with pytest.raises(UserError, match="--engine vllm needs --model"), launch.open_server(engine="vllm"):
         pass
+
+
+class _FakeTrainer:
+    """Stands in for the `k2bench engine tiny --task tiny-arith --reuse` child: prints its lines and, when it
+    succeeds, leaves a model folder behind, as the real one does."""
+
+    def __init__(self, lines: list[str], code: int, out: Path | None) -> None:
+        self.lines, self.code, self.out = lines, code, out
+        self.argv: list[str] = []
+
+    def __call__(self, argv, **kwargs):
+        self.argv = argv
+        if self.out is not None and self.code == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text("{}")
+        self.stdout = iter(line + "\n" for line in self.lines)
+        return self
+
+    def wait(self) -> int:
+        return self.code
+
+
+def test_the_default_model_is_trained_with_progress_then_reused(tmp_path, monkeypatch) -> None:
+    """ensure_tiny_model asks the engine's CLI for the cached trained model under $K2BENCH_MODELS; a training
+    run is announced and its progress passed on, a cache hit says nothing."""
+    monkeypatch.setenv(launch.MODELS_ENV, str(tmp_path / "models"))
+    out = tmp_path / "models" / "tiny-arith"
+    said: list[str] = []
+    child = _FakeTrainer(["step    0  loss 6.2  qat off  0 s", "step 1499  loss 0.001  qat on  107 s",
+                          "Writing model shards: 100%", "trained on tiny-arith in 107.4 s: ..."], 0, out)
+    monkeypatch.setattr(launch.subprocess, "Popen", child)
+    assert launch.ensure_tiny_model(say=said.append) == out
+    assert child.argv[-6:] == ["tiny", "--task", "tiny-arith", "--out", str(out), "--reuse"]
+    assert said[0].startswith(f"training the bundled tiny model on tiny-arith into {out} (once")
+    assert said[1:] == ["  step    0  loss 6.2  qat off  0 s", "  step 1499  loss 0.001  qat on  107 s",
+                        "  trained on tiny-arith in 107.4 s: ..."]
+    said.clear()
+    monkeypatch.setattr(launch.subprocess, "Popen", _FakeTrainer(["reusing the trained tiny-arith model"], 0, out))
+    assert launch.ensure_tiny_model(say=said.append) == out and said == []
+
+
+def test_a_failed_training_is_one_user_error_with_its_last_lines(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(launch.MODELS_ENV, str(tmp_path / "models"))
+    lines = ["step    0  loss 6.2  qat off  0 s", "k2bench: error: training needs the engine extra (torch and "
+             "transformers): pip install 'k2bench[engine]'"]
+    monkeypatch.setattr(launch.subprocess, "Popen", _FakeTrainer(lines, 2, None))
+    with pytest.raises(UserError, match=r"could not train the tiny model .*pip install 'k2bench\[engine\]'"):
+        launch.ensure_tiny_model()

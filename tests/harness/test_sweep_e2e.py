@@ -155,8 +155,13 @@ def test_default_sweep_runs_the_bundled_tiny_engine(tmp_path, monkeypatch, capsy
                  "--db", db, "--json", "run.json"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert (tmp_path / "results/models/tiny-mxfp4/config.json").is_file()
+    from k2bench.harness.launch import models_dir
+
+    assert (models_dir() / "tiny-arith" / "training.json").is_file()  # the trained model, from the shared cache
     doc = json.loads((tmp_path / "run.json").read_text())
+    # the default sweep carries the trained model's accuracy on its task's held-out items
+    (ev,) = doc["evals"]
+    assert (ev["task"], ev["n"], ev["concurrency"]) == ("tiny-arith", 500, 2) and ev["value"] >= 0.95, ev
     assert doc["run"]["engine"] == "bundled" and doc["run"]["precision"] == "mxfp4"
     point = doc["points"][0]
     assert point["completed"] == 4 and point["failed"] == 0 and point["osl_mismatches"] == 0

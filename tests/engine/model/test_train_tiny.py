@@ -46,23 +46,47 @@ def test_training_is_deterministic_and_writes_quark_mxfp4(tmp_path):
     assert a["steps"] == 3 and (tmp_path / "a" / "training.json").is_file()
 
 
+@pytest.mark.timeout(900)
+def test_the_cache_keeps_a_model_of_the_same_spec_and_retrains_another(tmp_path):
+    """The cache the default sweep and the tests share: reused only when trainer version, settings and
+    data match; anything else (another spec, a damaged training.json) is trained again, whole."""
+    from dataclasses import replace
+
+    from k2bench.engine.model.train_tiny import TrainSpec, cached_model
+
+    spec = TrainSpec(steps=2, batch=4)
+    out, trained = cached_model(tmp_path / "m", "tiny-arith", spec)
+    assert trained and json.loads((out / "training.json").read_text())["steps"] == 2
+    shard = sorted(out.glob("*.safetensors"))[0]
+    stamp = shard.stat().st_mtime_ns
+    assert cached_model(out, "tiny-arith", spec) == (out, False) and shard.stat().st_mtime_ns == stamp
+    assert cached_model(out, "tiny-arith", replace(spec, steps=3))[1]
+    assert json.loads((out / "training.json").read_text())["steps"] == 3
+    (out / "training.json").write_text("{not json")
+    assert cached_model(out, "tiny-arith", replace(spec, steps=3))[1]
+    assert not (tmp_path / "m.training").exists()  # trained beside the cache, then moved into place
+
+
 def test_cli_refuses_training_options_it_cannot_honour(tmp_path, capsys):
     from k2bench.harness.cli import main
 
     assert main(["engine", "tiny", "--out", str(tmp_path), "--task", "tiny-arith", "--quant", "bf16"]) == 2
     assert main(["engine", "tiny", "--out", str(tmp_path), "--steps", "5"]) == 2
     assert main(["engine", "tiny", "--out", str(tmp_path), "--task", "tiny-arith", "--steps", "0"]) == 2
+    assert main(["engine", "tiny", "--out", str(tmp_path), "--reuse"]) == 2
     err = capsys.readouterr().err
-    assert err.count("k2bench: error:") == 3 and "Traceback" not in err
+    assert err.count("k2bench: error:") == 4 and "Traceback" not in err
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The default training run, through the CLI as a user runs it."""
-    out = tmp_path_factory.mktemp("trained") / "tiny-arith"
-    proc = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "engine", "tiny", "--task", "tiny-arith",
-                           "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def trained() -> Path:
+    """The default training run, as the default sweep gets it: the cached model (tests/conftest.py's
+    K2BENCH_MODELS), trained through the CLI by the first test that needs it."""
+    from k2bench.harness.launch import ensure_tiny_model
+
+    out = ensure_tiny_model()
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["task"] == "tiny-arith" and summary["steps"] > 0
     return out
 
 
@@ -74,9 +98,6 @@ def _eval(server: Server, tmp_path: Path, name: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(out.read_text())
 
 
-# Measured on the 500 held-out items (seed 0, 1200 steps): W4 0.970, A4W4 0.944. A4W4 misses the
-# issue's 0.95 by 3 items; its floor here is what this trainer reaches, not the target.
-FLOORS = {"w4": 0.95, "a4w4": 0.93}
 
 
 @pytest.mark.slow
@@ -89,8 +110,8 @@ def test_trained_model_served_in_mxfp4_is_right(trained, tmp_path, mode):
         rc, doc = _eval(server, tmp_path, mode)
     finally:
         server.stop()
-    assert doc["n"] == 500 and doc["value"] >= FLOORS[mode], doc["value"]
-    assert rc == (0 if doc["value"] >= 0.95 else 1)  # --min-accuracy 0.95 decides the exit code
+    assert doc["n"] == 500 and doc["value"] >= 0.95, doc["value"]  # the issue's target, in W4 and A4W4
+    assert rc == 0  # --min-accuracy 0.95 passes
 
 
 @pytest.mark.slow

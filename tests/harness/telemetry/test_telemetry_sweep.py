@@ -29,7 +29,7 @@ def test_a_bundled_engine_sweep_stores_the_servers_counters_energy_note_and_cost
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path}/k.db"
     code = main(["sweep", "--isl", str(ISL), "--osl", str(OSL), "--conc", "2,4", "--num-prompts", str(MEASURED),
-                 "--warmup", str(WARMUP), "--gpu-hour-usd", "2.5", "--db", db, "--json", "run.json"])
+                 "--warmup", str(WARMUP), "--gpu-hour-usd", "2.5", "--eval", "none", "--db", db, "--json", "run.json"])
     err = capsys.readouterr().err
     assert code == 0, err
     doc = json.loads((tmp_path / "run.json").read_text())
