@@ -55,6 +55,13 @@ class KernelBackend(Protocol):
         all-reduce)."""
         ...
 
+    def prepare_moe(
+        self, w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor | None
+    ) -> None:
+        """Called once per expert stack after loading: a backend may build its own weight layout here
+        (raising BackendError for weights it cannot take); `fused_moe` still receives the checkpoint tensors."""
+        ...
+
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
         """The step's gather plan from the runner's metadata (may read it on the host)."""
         ...

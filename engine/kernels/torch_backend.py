@@ -51,6 +51,9 @@ class TorchBackend:
             x = fake_quantize_mxfp4(x)
         return F.linear(x, w)
 
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
+        """The checkpoint layout is this backend's layout."""
+
     def fused_moe(
         self,
         x: torch.Tensor,

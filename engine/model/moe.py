@@ -152,6 +152,10 @@ class Experts(nn.Module):
     def _bind(self, param: nn.Parameter, e: int, which: str):
         return lambda t: self.weight_loader(param, t, e, which, narrowed=True)
 
+    def prepare(self) -> None:
+        """After loading: let the backend build its own layout of these weights (once)."""
+        self.par.backend.prepare_moe(self.w13, self.w13_scale, self.w2, self.w2_scale)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.par.backend.fused_moe(
             x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4

@@ -1,0 +1,360 @@
+"""Fused routed-expert MoE on a load-time weight layout: E2M1 -> bf16 in a few integer ops (Hopper path).
+
+Why: on GPUs without FP4 units `tl.dot_scaled` decodes every E2M1 element through an upcast, a scale
+broadcast, a multiply, a NaN select and a register layout conversion; at decode sizes that, not the
+bytes, set the MoE's time (bench/results/2026-11-30_h200_engine). Here the weights are re-laid out
+once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
+
+- K is cut into chunks of 64. Byte j of a row's chunk holds code k=j in its low nibble and k=32+j in
+  its high nibble, so the low nibbles of a [rows, 32] byte tile are one whole scale group and the
+  high nibbles the next one: each half gets one scale per row, no interleave, no reshape.
+- Chunks are the outer dimension ([E, K/64, N, 32] bytes, [E, K/64, N, 2] scales): one program's
+  tile of a chunk is a single contiguous run of rows x 32 bytes (whole 16-byte vectors).
+- Decode: (sign << 15) | ((code & 7) << 6) is, as bf16 bits, the E2M1 value times 2^-126 (codes 0
+  and 1, i.e. 0 and 0.5, land on bf16's subnormals); the 2^126 is folded into the scale, so
+  bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
+  exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
+  larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
+
+The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers)
+and the block's tokens on the N side (`swap=True`, the decode shape, where a block holds a handful of
+tokens); `swap=False` is the usual orientation for prefill-sized blocks. Pairs are sorted and padded
+per expert by `triton_moe.moe_align`; split-K writes float32 partials like `triton_moe` does.
+Under TRITON_INTERPRET=1 (whose bf16 arithmetic works on raw bits) the same bits are decoded in
+float32; the GPU's bf16 decode is checked against the OCP table by tests/engine/kernels/
+test_triton_moe_fast.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
+from k2bench.engine.kernels.triton_quant import fake_quantize
+from k2bench.engine.model.mxfp4 import BLOCK, E8M0_NAN
+
+CHUNK = 64  # K values per relaid chunk: two scale groups, one per nibble half
+MAX_SCALE_CODE = 128  # 2^(e-1) must stay a normal bf16
+
+
+class ScaleRangeError(ValueError):
+    """An expert's E8M0 scales fall outside what the fast layout's bf16 decode can hold."""
+
+
+class NanScaleError(ScaleRangeError):
+    """The E8M0 NaN code 0xFF, which no checkpoint written by the engine holds: refused at load."""
+
+
+@dataclass(frozen=True)
+class FastExperts:
+    """One layer's experts in the fast layout; `k13`/`k2` are the true (unpadded) K of each GEMM."""
+
+    w13: torch.Tensor  # uint8 [E, H/64, 2L, 32]
+    s13: torch.Tensor  # uint8 [E, H/64, 2L, 2]
+    w2: torch.Tensor  # uint8 [E, L/64, H, 32]
+    s2: torch.Tensor  # uint8 [E, L/64, H, 2]
+    hidden: int
+    inter: int
+
+
+def _relayout(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint [E, N, K/2] + [E, N, K/32] -> [E, Kp/64, N, 32] + [E, Kp/64, N, 2], Kp = K padded to 64
+    with zero codes; one expert at a time, so the unpacked codes never exist for the whole stack."""
+    E, N, half = w.shape
+    k = 2 * half
+    chunks = triton.cdiv(k, CHUNK)
+    wf = torch.empty(E, chunks, N, CHUNK // 2, dtype=torch.uint8, device=w.device)
+    sf = torch.empty(E, chunks, N, CHUNK // BLOCK, dtype=torch.uint8, device=w.device)
+    for e in range(E):
+        codes = torch.zeros(N, chunks * CHUNK, dtype=torch.uint8, device=w.device)
+        codes[:, 0:k:2] = w[e] & 15
+        codes[:, 1:k:2] = w[e] >> 4
+        codes = codes.view(N, chunks, 2, CHUNK // 2)
+        wf[e] = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(0, 1)
+        groups = torch.full((N, chunks * 2), 127, dtype=torch.uint8, device=w.device)
+        groups[:, : k // BLOCK] = s[e]  # group g of chunk c is column 2c + g
+        sf[e] = groups.view(N, chunks, 2).transpose(0, 1)
+    return wf, sf
+
+
+def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor) -> FastExperts:
+    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`.
+
+    Raises NanScaleError for the code 0xFF, ScaleRangeError above MAX_SCALE_CODE (one host sync: load time).
+    """
+    for name, s in (("w13_scale", s13), ("w2_scale", s2)):
+        top = int(s.max()) if s.numel() else 0
+        if top == E8M0_NAN:
+            raise NanScaleError(f"{name} holds the E8M0 NaN code 0xFF")
+        if top > MAX_SCALE_CODE:
+            raise ScaleRangeError(f"{name} holds scale 2^{top - 127}, above the fast layout's 2^{MAX_SCALE_CODE - 127}")
+    f13, g13 = _relayout(w13, s13)
+    f2, g2 = _relayout(w2, s2)
+    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2)
+
+
+@triton.jit
+def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
+    """Bytes [R, 32] and E8M0 codes [R] -> the low (or HIGH) nibbles' values [R, 32] (bf16; float32 when
+    INTERPRET): bits (sign << 15) | (magnitude << 6) are value * 2^-126, times bf16 2^(e-1)."""
+    q = p.to(tl.uint16)
+    if HIGH:
+        bits = ((q & 0x70) << 2) | ((q & 0x80) << 8)
+    else:
+        bits = ((q & 0x7) << 6) | ((q & 0x8) << 12)
+    e = s.to(tl.uint16) + 126
+    if INTERPRET:
+        w = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        return w * (e.to(tl.uint32) << 23).to(tl.float32, bitcast=True)[:, None]
+    return bits.to(tl.bfloat16, bitcast=True) * (e << 7).to(tl.bfloat16, bitcast=True)[:, None]
+
+
+@triton.jit
+def _chunk_dot(acc, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K,
+               SWAP: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc += one 64-wide K chunk: W[rn, kc:kc+64] against the block's activations.
+
+    x_ptrs [32, BM]: the block's activation pointers at k offsets 0..31 (each token a column).
+    SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN].
+    """
+    rj = tl.arange(0, 32)
+    p = tl.load(w_rows + rn[:, None] * 32 + rj[None, :], mask=n_ok[:, None], other=0)
+    s_lo = tl.load(s_rows + rn * 2, mask=n_ok, other=127)
+    s_hi = tl.load(s_rows + rn * 2 + 1, mask=n_ok, other=127)
+    w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
+    w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
+    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
+    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
+    if INTERPRET:
+        x_lo = x_lo.to(tl.float32)
+        x_hi = x_hi.to(tl.float32)
+    else:
+        x_lo = x_lo.to(tl.bfloat16)
+        x_hi = x_hi.to(tl.bfloat16)
+    if SWAP:
+        acc = tl.dot(w_lo, x_lo, acc)
+        acc = tl.dot(w_hi, x_hi, acc)
+    else:
+        acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
+        acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
+    return acc
+
+
+@triton.jit
+def _fast_gate_up(
+    x_ptr, w_ptr, s_ptr, h_ptr, pairs_ptr, block_experts_ptr,
+    num_pairs, topk, L, K, K_SPLIT,
+    s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
+):
+    """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
+
+    SPLIT: program axis 2 covers K_SPLIT of K; float32 partial gate sums go to h[slice, pair, n] and up
+    sums to h[slice, pair, L + n] (silu waits for the complete sums).
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    valid = pair < num_pairs
+    tok = pair // topk
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < L
+    x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
+    x_ok = valid[None, :]
+    if SWAP:
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    else:
+        k_lo = 0
+        k_hi = K
+    w_e = w_ptr + expert * s_we
+    s_e = s_ptr + expert * s_se
+    for k0 in range(k_lo, k_hi, 64 * CH):
+        for c in tl.static_range(CH):
+            kc = k0 + 64 * c
+            w_rows = w_e + (kc // 64) * s_wc
+            s_rows = s_e + (kc // 64) * s_sc
+            acc_g = _chunk_dot(acc_g, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET)
+            acc_u = _chunk_dot(acc_u, w_rows + L * 32, s_rows + L * 2, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET)
+    if not SWAP:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
+    mask = n_ok[:, None] & valid[None, :]
+    if SPLIT:
+        dst = h_ptr + tl.program_id(2) * s_hs + pair[None, :] * s_hp + rn[:, None]
+        tl.store(dst, acc_g, mask=mask)
+        tl.store(dst + L, acc_u, mask=mask)
+    else:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + pair[None, :] * s_hp + rn[:, None], h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fast_down(
+    h_ptr, w_ptr, s_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
+    num_pairs, N, K, K_SPLIT,
+    s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
+):
+    """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    valid = pair < num_pairs
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        y_ptr += tl.program_id(2) * s_ys
+    else:
+        k_lo = 0
+        k_hi = K
+    w_e = w_ptr + expert * s_we
+    s_e = s_ptr + expert * s_se
+    for k0 in range(k_lo, k_hi, 64 * CH):
+        for c in tl.static_range(CH):
+            kc = k0 + 64 * c
+            acc = _chunk_dot(acc, w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok, h_ptrs,
+                             valid[None, :], kc, K, SWAP, INTERPRET)
+    if not SWAP:
+        acc = tl.trans(acc)
+    rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
+    acc = acc * rw[None, :]
+    tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None], acc, mask=n_ok[:, None] & valid[None, :])
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    """Tiles of one fused_moe_fast call: block_m pairs per block, block_n weight rows, chunks x 64 K per step."""
+
+    block_m: int
+    block_n: int
+    chunks: int
+    num_warps: int
+    num_stages: int
+    swap: bool
+
+
+# Per-shape dispatch on pairs per expert (T * k / E). Decode blocks hold a few tokens: weight rows on
+# the MMA's 64-row side, the block's 16 tokens on its narrow side. Prefill blocks fill 64 tokens.
+DECODE_CONFIG = FastConfig(block_m=16, block_n=64, chunks=2, num_warps=4, num_stages=3, swap=True)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, chunks=2, num_warps=4, num_stages=3, swap=True)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, chunks=2, num_warps=8, num_stages=3, swap=False)
+PREFILL_PAIRS_PER_EXPERT = 128
+
+
+def fast_config(num_pairs: int, num_experts: int) -> FastConfig:
+    per_expert = num_pairs / max(1, num_experts)
+    if per_expert >= PREFILL_PAIRS_PER_EXPERT:
+        return PREFILL_CONFIG
+    return DECODE_CONFIG if per_expert <= 16 else BATCHED_CONFIG
+
+
+def _chunks(k: int, want: int) -> int:
+    """The most chunks (<= want) per loop step that divide K's padded chunk count."""
+    n = triton.cdiv(k, CHUNK)
+    return next(c for c in range(max(1, want), 0, -1) if n % c == 0)
+
+
+def fused_moe_fast(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: FastExperts,
+    *,
+    a4w4: bool = False,
+    config: FastConfig | None = None,
+    split_k: int = 1,
+    down_split_k: int | None = None,
+) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
+
+    Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
+    float32 accumulation, deterministic); config None picks tiles by `fast_config`. split_k /
+    down_split_k: K slices of the gate/up and down GEMMs (float32 partials added after).
+    """
+    hidden, inter = experts.hidden, experts.inter
+    if x.dim() != 2 or x.shape[1] != hidden or topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
+            or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x [T, {hidden}], topk_ids and topk_weights [T, k] expected; got {tuple(x.shape)}, "
+                         f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}")
+    for name, val in (("split_k", split_k), ("down_split_k", down_split_k)):
+        if val is not None and val < 1:
+            raise ValueError(f"{name} must be >= 1, got {val}")
+    tokens, topk = topk_ids.shape
+    pairs = tokens * topk
+    if pairs == 0:
+        return torch.zeros_like(x)
+    num_experts = experts.w13.shape[0]
+    cfg = config or fast_config(pairs, num_experts)
+    ch1, ch2 = _chunks(hidden, cfg.chunks), _chunks(inter, cfg.chunks)
+    split1, ksplit1 = split_sizes(hidden, CHUNK * ch1, split_k)
+    split2, ksplit2 = split_sizes(inter, CHUNK * ch2, down_split_k or split_k)
+    align = moe_align(topk_ids, num_experts, cfg.block_m)
+    num_blocks = align.block_experts.numel()
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
+    if split1 > 1:
+        h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
+        s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
+    else:
+        # A4W4 keeps h in float32 until it is quantised; the interpreter's bf16 cast truncates, so
+        # there torch rounds it (as in triton_moe)
+        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16,
+                            device=x.device)
+        s_hp, s_hs = h_buf.stride(0), 0
+    _fast_gate_up[(num_blocks, triton.cdiv(inter, cfg.block_n), split1)](
+        xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
+        pairs, topk, inter, hidden, ksplit1,
+        xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, BM=cfg.block_m, BN=cfg.block_n, CH=ch1, **launch,
+    )
+    if split1 > 1:
+        gate, up = h_buf.sum(dim=0).split(inter, dim=1)
+        h = gate * torch.sigmoid(gate) * up
+        h = h if a4w4 else h.to(torch.bfloat16)
+    else:
+        h = h_buf
+    if a4w4:
+        h = fake_quantize(h, torch.bfloat16)
+    elif interpret:
+        h = h.to(torch.bfloat16)
+    route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
+    _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
+        h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
+        pairs, hidden, inter, ksplit2,
+        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, BM=cfg.block_m, BN=cfg.block_n, CH=ch2, **launch,
+    )
+    if split2 > 1:
+        y = y.sum(dim=0)
+    return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)
