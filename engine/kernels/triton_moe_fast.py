@@ -114,9 +114,39 @@ def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
     return bits.to(tl.bfloat16, bitcast=True) * (e << 7).to(tl.bfloat16, bitcast=True)[:, None]
 
 
+# The same decode on packed registers (CUDA sm_90+): 4 bytes in, both nibble halves out as bf16x2 pairs.
+# prmt spreads bytes (b0, b1) and (b2, b3) into the two 16-bit lanes of a word; then per lane the shifts
+# and masks of `e2m1_decode_half` and one bf16x2 multiply by the scale: about 3 instructions per value
+# where the per-element form takes a widening, the bit ops and a float multiply each.
+_DECODE_PTX = """{
+.reg .b32 a, b, t, u;
+prmt.b32 a, $4, 0, 0x4140;
+prmt.b32 b, $4, 0, 0x4342;
+shl.b32 t, a, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $0, t, $5;
+shl.b32 t, b, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $1, t, $6;
+shl.b32 t, a, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $2, t, $7;
+shl.b32 t, b, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $3, t, $8;
+}"""
+
+
+@triton.jit
+def e2m1_decode_packed(p, s_lo, s_hi, BN: tl.constexpr):
+    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm)."""
+    sc_lo = tl.broadcast_to(((s_lo.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
+    sc_hi = tl.broadcast_to(((s_hi.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
+    return tl.inline_asm_elementwise(
+        _DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc_lo, sc_hi],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+    )
+
+
 @triton.jit
 def _chunk_dot(acc, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K,
-               SWAP: tl.constexpr, INTERPRET: tl.constexpr):
+               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr):
     """acc += one 64-wide K chunk: W[rn, kc:kc+64] against the block's activations.
 
     x_ptrs [32, BM]: the block's activation pointers at k offsets 0..31 (each token a column).
@@ -126,8 +156,11 @@ def _chunk_dot(acc, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K,
     p = tl.load(w_rows + rn[:, None] * 32 + rj[None, :], mask=n_ok[:, None], other=0)
     s_lo = tl.load(s_rows + rn * 2, mask=n_ok, other=127)
     s_hi = tl.load(s_rows + rn * 2 + 1, mask=n_ok, other=127)
-    w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
-    w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
+    if ASM and not INTERPRET:
+        w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
+    else:
+        w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
+        w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
     x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
     x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
     if INTERPRET:
@@ -150,7 +183,7 @@ def _fast_gate_up(
     x_ptr, w_ptr, s_ptr, h_ptr, pairs_ptr, block_experts_ptr,
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
-    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
@@ -189,8 +222,8 @@ def _fast_gate_up(
             kc = k0 + 64 * c
             w_rows = w_e + (kc // 64) * s_wc
             s_rows = s_e + (kc // 64) * s_sc
-            acc_g = _chunk_dot(acc_g, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET)
-            acc_u = _chunk_dot(acc_u, w_rows + L * 32, s_rows + L * 2, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET)
+            acc_g = _chunk_dot(acc_g, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET, ASM, BN)
+            acc_u = _chunk_dot(acc_u, w_rows + L * 32, s_rows + L * 2, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -209,7 +242,7 @@ def _fast_down(
     h_ptr, w_ptr, s_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
-    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
@@ -240,7 +273,7 @@ def _fast_down(
         for c in tl.static_range(CH):
             kc = k0 + 64 * c
             acc = _chunk_dot(acc, w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok, h_ptrs,
-                             valid[None, :], kc, K, SWAP, INTERPRET)
+                             valid[None, :], kc, K, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc = tl.trans(acc)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
@@ -258,6 +291,7 @@ class FastConfig:
     num_warps: int
     num_stages: int
     swap: bool
+    asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
 
 
 # Per-shape dispatch on pairs per expert (T * k / E). Decode blocks hold a few tokens: weight rows on
@@ -335,7 +369,7 @@ def fused_moe_fast(
         xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, BM=cfg.block_m, BN=cfg.block_n, CH=ch1, **launch,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, BM=cfg.block_m, BN=cfg.block_n, CH=ch1, **launch,
     )
     if split1 > 1:
         gate, up = h_buf.sum(dim=0).split(inter, dim=1)
@@ -353,7 +387,7 @@ def fused_moe_fast(
         h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
         pairs, hidden, inter, ksplit2,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, BM=cfg.block_m, BN=cfg.block_n, CH=ch2, **launch,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, BM=cfg.block_m, BN=cfg.block_n, CH=ch2, **launch,
     )
     if split2 > 1:
         y = y.sum(dim=0)

@@ -246,7 +246,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split"])
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -256,23 +256,37 @@ def test_fast_moe_on_cuda_without_host_sync(config):
     import triton
     import triton.language as tl
 
-    from k2bench.engine.kernels.triton_moe_fast import FastConfig, e2m1_decode_half, fused_moe_fast
+    from k2bench.engine.kernels.triton_moe_fast import (
+        FastConfig,
+        e2m1_decode_half,
+        e2m1_decode_packed,
+        fused_moe_fast,
+    )
 
     @triton.jit
-    def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr):
+    def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr, PACKED: tl.constexpr):
         r = tl.arange(0, 256)
         c = tl.arange(0, 32)
         p = tl.load(p_ptr + r[:, None] * 32 + c[None, :])
         s = tl.load(s_ptr + r)
-        tl.store(lo_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, False, False).to(tl.float32))
-        tl.store(hi_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, True, False).to(tl.float32))
+        s2 = tl.load(s_ptr + 256 + r)  # the high nibbles' scales: another order, so a swap shows
+        if PACKED:
+            lo, hi = e2m1_decode_packed(p, s, s2, 256)
+        else:
+            lo = e2m1_decode_half(p, s, False, False)
+            hi = e2m1_decode_half(p, s2, True, False)
+        tl.store(lo_ptr + r[:, None] * 32 + c[None, :], lo.to(tl.float32))
+        tl.store(hi_ptr + r[:, None] * 32 + c[None, :], hi.to(tl.float32))
 
     p = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat(32, 1)
     s = torch.cat((torch.arange(129), torch.arange(127, 0, -1)))[:256].to(torch.uint8)
-    lo, hi = torch.empty(256, 32, device="cuda"), torch.empty(256, 32, device="cuda")
-    decode_all[(1,)](p.cuda(), s.cuda(), lo, hi)
-    assert torch.equal(lo.cpu().double(), ocp_value(p & 15, s[:, None]))
-    assert torch.equal(hi.cpu().double(), ocp_value(p >> 4, s[:, None]))
+    s2 = s.flip(0)
+    for packed in (False, True):
+        lo, hi = torch.empty(256, 32, device="cuda"), torch.empty(256, 32, device="cuda")
+        decode_all[(1,)](p.cuda(), torch.cat((s, s2)).cuda(), lo, hi, PACKED=packed)
+        assert torch.equal(lo.cpu().double(), ocp_value(p & 15, s[:, None])), packed
+        assert torch.equal(hi.cpu().double(), ocp_value(p >> 4, s2[:, None])), packed
+        assert torch.equal(torch.signbit(lo.cpu()), (p & 15) >= 8), packed
 
     E, H, L, k, T = 16, 7168, 512, 8, 5
     g = torch.Generator().manual_seed(0)
@@ -292,7 +306,8 @@ def test_fast_moe_on_cuda_without_host_sync(config):
     fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda())
     dev = [t.cuda() for t in (x, ids, wts)]
     kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 2, 8, 3, False)},
-          "split": {"split_k": 4, "down_split_k": 2}}[config]
+          "split": {"split_k": 4, "down_split_k": 2},
+          "per_element": {"config": FastConfig(16, 64, 2, 4, 3, True, asm=False)}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
