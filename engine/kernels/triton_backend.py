@@ -11,7 +11,7 @@
 - Attention: prefill chunks in the expanded MLA form through PyTorch's flash SDPA
   (`prefill_attention`), decodes in the absorbed form through the paged split-KV kernel
   `triton_attention.mla_decode`, which reads the latent cache in place.
-Float weights and routing are inherited from the torch backend.
+Expert routing is one kernel (`triton_routing`); float weights come from the torch backend.
 
 Runs on a GPU, or on CPU under TRITON_INTERPRET=1 (set before this module is imported), which is
 how the tests exercise it. Only what was run is claimed: see engine/README.md.
@@ -41,6 +41,7 @@ from k2bench.engine.kernels.triton_moe_fast import (
     relayout_experts,
 )
 from k2bench.engine.kernels.triton_quant import fake_quantize
+from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata
 from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
 
@@ -243,6 +244,11 @@ class TritonBackend(TorchBackend):
         if x.numel() >= DEQUANT_MIN_M * x.shape[-1] and not native_fp4(x.device):
             return dequant_linear(x, weight, weight_scale, a4w4=a4w4)
         return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
+
+    def route_experts(self, scores, bias, *, top_k, n_group, topk_group, renormalize, scale):
+        """One kernel (triton_routing) instead of the torch reference's dozen."""
+        return route_experts(scores, bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
+                             renormalize=renormalize, scale=scale)
 
     def _moe_variant(self, device: torch.device) -> str:
         if self.moe_variant is not None:
