@@ -29,17 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, chunks, num_warps, num_stages, swap, asm decode, split_k). 256 weight rows per
+# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, split_k). 256 weight rows per
 # program (16x256, 8 warps, swapped) stopped the first H200 run with a misaligned-address fault; not swept.
 DECODE_SWEEP = [
-    (16, 64, 2, 4, 3, True, False, 1), (16, 128, 2, 4, 3, True, True, 1), (16, 64, 4, 4, 3, True, True, 1),
-    (16, 64, 2, 4, 4, True, True, 1), (16, 128, 2, 8, 3, True, True, 1), (16, 64, 1, 4, 4, True, True, 1),
-    (16, 64, 2, 4, 3, False, True, 1), (32, 64, 2, 4, 3, True, True, 1), (16, 64, 2, 4, 3, True, True, 2),
-    (16, 64, 2, 8, 3, True, True, 1), (16, 128, 4, 4, 3, True, True, 1),
+    (16, 64, 4, 3, True, False, True, 1), (16, 64, 4, 3, True, True, False, 1), (16, 64, 4, 3, True, False, False, 1),
+    (16, 128, 4, 3, True, True, True, 1), (16, 128, 8, 3, True, True, True, 1), (16, 64, 8, 3, True, True, True, 1),
+    (16, 64, 4, 3, False, True, True, 1), (32, 64, 4, 3, True, True, True, 1), (16, 64, 4, 3, True, True, True, 2),
+    (16, 64, 4, 3, True, True, True, 4),
 ]
 PREFILL_SWEEP = [
-    (64, 128, 2, 8, 3, False, False, 1), (128, 128, 2, 8, 3, False, True, 1), (64, 128, 2, 8, 3, True, True, 1),
-    (128, 64, 2, 4, 3, False, True, 1), (64, 64, 2, 4, 3, True, True, 1),
+    (64, 128, 8, 3, False, False, True, 1), (64, 128, 8, 3, False, True, False, 1), (128, 128, 8, 3, False, True, True, 1),
+    (64, 128, 8, 3, True, True, True, 1), (128, 64, 4, 3, False, True, True, 1), (64, 64, 4, 3, True, True, True, 1),
 ]
 
 
@@ -112,8 +112,8 @@ def main() -> int:
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")
             else:
                 fn = partial(fused_moe_fast, x, ids, wts, fast, a4w4=True, config=cfg, split_k=split)
-            label = name if cfg is None else f"fast {cfg.block_m}x{cfg.block_n} ch{cfg.chunks} w{cfg.num_warps} " \
-                f"s{cfg.num_stages} {'swap' if cfg.swap else 'plain'} {'asm' if cfg.asm else 'elem'} split{split}"
+            label = name if cfg is None else f"fast {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} " \
+                f"{'swap' if cfg.swap else 'plain'} {'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} split{split}"
             if name == "fast" and cfg is None:
                 label = f"fast (dispatch {auto.block_m}x{auto.block_n} {'swap' if auto.swap else 'plain'})"
             try:

@@ -118,7 +118,7 @@ def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
 # prmt spreads bytes (b0, b1) and (b2, b3) into the two 16-bit lanes of a word; then per lane the shifts
 # and masks of `e2m1_decode_half` and one bf16x2 multiply by the scale: about 3 instructions per value
 # where the per-element form takes a widening, the bit ops and a float multiply each.
-_DECODE_PTX = """{
+_DECODE_PTX = tl.constexpr("""{
 .reg .b32 a, b, t, u;
 prmt.b32 a, $4, 0, 0x4140;
 prmt.b32 b, $4, 0, 0x4342;
@@ -130,7 +130,7 @@ shl.b32 t, a, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 8; and.b32 u, u, 0x8000
 mul.rn.bf16x2 $2, t, $7;
 shl.b32 t, b, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
 mul.rn.bf16x2 $3, t, $8;
-}"""
+}""")
 
 
 @triton.jit
@@ -145,24 +145,32 @@ def e2m1_decode_packed(p, s_lo, s_hi, BN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_dot(acc, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K,
-               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr):
-    """acc += one 64-wide K chunk: W[rn, kc:kc+64] against the block's activations.
+def _load_w(w_rows, s_rows, rn, ok):
+    """One 64-wide K chunk of BN weight rows: bytes [BN, 32] and the two scale codes [BN] of each row."""
+    p = tl.load(w_rows + rn[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0)
+    s_lo = tl.load(s_rows + rn * 2, mask=ok, other=127)
+    s_hi = tl.load(s_rows + rn * 2 + 1, mask=ok, other=127)
+    return p, s_lo, s_hi
 
-    x_ptrs [32, BM]: the block's activation pointers at k offsets 0..31 (each token a column).
-    SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN].
-    """
+
+@triton.jit
+def _load_x(x_ptrs, x_ok, kc, K):
+    """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K)."""
     rj = tl.arange(0, 32)
-    p = tl.load(w_rows + rn[:, None] * 32 + rj[None, :], mask=n_ok[:, None], other=0)
-    s_lo = tl.load(s_rows + rn * 2, mask=n_ok, other=127)
-    s_hi = tl.load(s_rows + rn * 2 + 1, mask=n_ok, other=127)
+    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
+    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
+    return x_lo, x_hi
+
+
+@triton.jit
+def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
+               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr):
+    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN]."""
     if ASM and not INTERPRET:
         w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
     else:
         w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
         w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
-    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
-    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
     if INTERPRET:
         x_lo = x_lo.to(tl.float32)
         x_hi = x_hi.to(tl.float32)
@@ -183,13 +191,14 @@ def _fast_gate_up(
     x_ptr, w_ptr, s_ptr, h_ptr, pairs_ptr, block_experts_ptr,
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
-    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
     SPLIT: program axis 2 covers K_SPLIT of K; float32 partial gate sums go to h[slice, pair, n] and up
-    sums to h[slice, pair, L + n] (silu waits for the complete sums).
+    sums to h[slice, pair, L + n] (silu waits for the complete sums). PREFETCH: the next chunk's loads
+    are issued before this chunk's decode and MMAs (Triton's pipeliner leaves these loads alone).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -215,15 +224,28 @@ def _fast_gate_up(
     else:
         k_lo = 0
         k_hi = K
-    w_e = w_ptr + expert * s_we
-    s_e = s_ptr + expert * s_se
-    for k0 in range(k_lo, k_hi, 64 * CH):
-        for c in tl.static_range(CH):
-            kc = k0 + 64 * c
-            w_rows = w_e + (kc // 64) * s_wc
-            s_rows = s_e + (kc // 64) * s_sc
-            acc_g = _chunk_dot(acc_g, w_rows, s_rows, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET, ASM, BN)
-            acc_u = _chunk_dot(acc_u, w_rows + L * 32, s_rows + L * 2, rn, n_ok, x_ptrs, x_ok, kc, K, SWAP, INTERPRET, ASM, BN)
+    g_e = w_ptr + expert * s_we
+    u_e = g_e + L * 32
+    gs_e = s_ptr + expert * s_se
+    us_e = gs_e + L * 2
+    if PREFETCH:
+        ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
+    for kc in range(k_lo, k_hi, 64):
+        if PREFETCH:
+            pg, sgl, sgh, pu, sul, suh, xl, xh = ng, ngl, ngh, nu, nul, nuh, nxl, nxh
+            kn = kc + 64
+            more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
+            ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
+            nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
+            nxl, nxh = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+        else:
+            pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
+            pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
+            xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN)
+        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -242,8 +264,8 @@ def _fast_down(
     h_ptr, w_ptr, s_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
-    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -256,6 +278,7 @@ def _fast_down(
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
+    h_ok = valid[None, :]
     if SWAP:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
@@ -269,11 +292,19 @@ def _fast_down(
         k_hi = K
     w_e = w_ptr + expert * s_we
     s_e = s_ptr + expert * s_se
-    for k0 in range(k_lo, k_hi, 64 * CH):
-        for c in tl.static_range(CH):
-            kc = k0 + 64 * c
-            acc = _chunk_dot(acc, w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok, h_ptrs,
-                             valid[None, :], kc, K, SWAP, INTERPRET, ASM, BN)
+    if PREFETCH:
+        nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
+    for kc in range(k_lo, k_hi, 64):
+        if PREFETCH:
+            pw, sl, sh, hl, hh = nw, nsl, nsh, nhl, nhh
+            kn = kc + 64
+            nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn, rn < tl.where(kn < k_hi, N, 0))
+            nhl, nhh = _load_x(h_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+        else:
+            pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
+            hl, hh = _load_x(h_ptrs, h_ok, kc, K)
+        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc = tl.trans(acc)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
@@ -283,22 +314,22 @@ def _fast_down(
 
 @dataclass(frozen=True)
 class FastConfig:
-    """Tiles of one fused_moe_fast call: block_m pairs per block, block_n weight rows, chunks x 64 K per step."""
+    """Tiles of one fused_moe_fast call: block_m pairs per block, block_n weight rows per program."""
 
     block_m: int
     block_n: int
-    chunks: int
     num_warps: int
     num_stages: int
     swap: bool
     asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
+    prefetch: bool = True  # the next 64-wide chunk's loads in flight during this one's math
 
 
 # Per-shape dispatch on pairs per expert (T * k / E). Decode blocks hold a few tokens: weight rows on
 # the MMA's 64-row side, the block's 16 tokens on its narrow side. Prefill blocks fill 64 tokens.
-DECODE_CONFIG = FastConfig(block_m=16, block_n=64, chunks=2, num_warps=4, num_stages=3, swap=True)
-BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, chunks=2, num_warps=4, num_stages=3, swap=True)
-PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, chunks=2, num_warps=8, num_stages=3, swap=False)
+DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=3, swap=False)
 PREFILL_PAIRS_PER_EXPERT = 128
 
 
@@ -307,12 +338,6 @@ def fast_config(num_pairs: int, num_experts: int) -> FastConfig:
     if per_expert >= PREFILL_PAIRS_PER_EXPERT:
         return PREFILL_CONFIG
     return DECODE_CONFIG if per_expert <= 16 else BATCHED_CONFIG
-
-
-def _chunks(k: int, want: int) -> int:
-    """The most chunks (<= want) per loop step that divide K's padded chunk count."""
-    n = triton.cdiv(k, CHUNK)
-    return next(c for c in range(max(1, want), 0, -1) if n % c == 0)
 
 
 def fused_moe_fast(
@@ -346,9 +371,8 @@ def fused_moe_fast(
         return torch.zeros_like(x)
     num_experts = experts.w13.shape[0]
     cfg = config or fast_config(pairs, num_experts)
-    ch1, ch2 = _chunks(hidden, cfg.chunks), _chunks(inter, cfg.chunks)
-    split1, ksplit1 = split_sizes(hidden, CHUNK * ch1, split_k)
-    split2, ksplit2 = split_sizes(inter, CHUNK * ch2, down_split_k or split_k)
+    split1, ksplit1 = split_sizes(hidden, CHUNK, split_k)
+    split2, ksplit2 = split_sizes(inter, CHUNK, down_split_k or split_k)
     align = moe_align(topk_ids, num_experts, cfg.block_m)
     num_blocks = align.block_experts.numel()
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -369,7 +393,8 @@ def fused_moe_fast(
         xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, BM=cfg.block_m, BN=cfg.block_n, CH=ch1, **launch,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split1 > 1:
         gate, up = h_buf.sum(dim=0).split(inter, dim=1)
@@ -387,7 +412,8 @@ def fused_moe_fast(
         h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
         pairs, hidden, inter, ksplit2,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, BM=cfg.block_m, BN=cfg.block_n, CH=ch2, **launch,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split2 > 1:
         y = y.sum(dim=0)

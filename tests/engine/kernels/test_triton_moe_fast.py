@@ -159,9 +159,9 @@ def routing(g, T, k, allowed, skew=None):
 
 
 configs = {"auto": None,
-           "swap_bn32": FastConfig(16, 32, 2, 4, 3, True),
-           "plain_bn32": FastConfig(16, 32, 1, 4, 3, False),
-           "plain_bm32": FastConfig(32, 64, 2, 4, 3, False)}
+           "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
+           "plain_bn32": FastConfig(16, 32, 4, 3, False),
+           "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False)}
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
@@ -246,7 +246,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element"])
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -305,9 +305,10 @@ def test_fast_moe_on_cuda_without_host_sync(config):
             ref[t] += float(wts[t, j]) * (d2[e] @ h)
     fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda())
     dev = [t.cuda() for t in (x, ids, wts)]
-    kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 2, 8, 3, False)},
+    kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 8, 3, False)},
           "split": {"split_k": 4, "down_split_k": 2},
-          "per_element": {"config": FastConfig(16, 64, 2, 4, 3, True, asm=False)}}[config]
+          "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
+          "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
