@@ -16,13 +16,20 @@ once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
   exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
   larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
 
-The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers)
-and the block's tokens on the N side (`swap=True`, the decode shape, where a block holds a handful of
-tokens); `swap=False` is the usual orientation for prefill-sized blocks. Pairs are sorted and padded
-per expert by `triton_moe.moe_align`; split-K writes float32 partials like `triton_moe` does.
-Under TRITON_INTERPRET=1 (whose bf16 arithmetic works on raw bits) the same bits are decoded in
-float32; the GPU's bf16 decode is checked against the OCP table by tests/engine/kernels/
-test_triton_moe_fast.py on a GPU.
+On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
+bytes into the 16-bit lanes of a word, shifts and masks place both lanes' bits, one bf16x2 multiply
+applies the scale), about 3 instructions per value; `asm=False` keeps the per-element Triton form.
+The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers,
+the wgmma A operand) and the block's tokens on the N side (`swap=True`); `swap=False` is the usual
+orientation. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
+float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
+summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
+so whose float32 result, changes from run to run).
+Under TRITON_INTERPRET=1 (no inline asm; bf16 arithmetic on raw bits) the same bits are decoded in
+float32; the GPU decodes are checked against the OCP table by tests/engine/kernels/
+test_triton_moe_fast.py on a GPU. Not run on ROCm: the PTX decode is CUDA-only, so an MI355X keeps
+`triton_moe`'s `tl.dot_scaled` (its native scaled MFMA), which the triton backend picks where the
+GPU has FP4 units.
 """
 
 from __future__ import annotations
@@ -325,11 +332,18 @@ class FastConfig:
     prefetch: bool = True  # the next 64-wide chunk's loads in flight during this one's math
 
 
-# Per-shape dispatch on pairs per expert (T * k / E). Decode blocks hold a few tokens: weight rows on
-# the MMA's 64-row side, the block's 16 tokens on its narrow side. Prefill blocks fill 64 tokens.
-DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True)
-BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True)
-PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=3, swap=False)
+# Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
+# (bench/results/2026-12-01_h200_moe, E=384, H=7168, L=2048, A4W4, CUDA-graph replays):
+# - decode: 16 tokens per block on the MMA's narrow side, 64 weight rows (one warp group) on its wide
+#   side, packed decode, no prefetch: 0.516 / 2.505 / 4.746 ms at 4 / 32 / 128 tokens, against 0.548 /
+#   2.797 / 5.338 with the prefetch, 0.605 / 3.158 / 6.029 with the per-element decode, and 0.824 /
+#   3.905 / 7.517 for the checkpoint layout through tl.dot_scaled; 8 warps on 64 rows took twice as long.
+# - prefill (8192 tokens): 64 x 64 swapped with the prefetch 29.7 ms (128 x 128 plain 29.7, dot_scaled
+#   32.7, 64 x 128 plain 83.2).
+# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles; not measured.
+DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=True)
 PREFILL_PAIRS_PER_EXPERT = 128
 
 
