@@ -232,7 +232,7 @@ class TritonBackend(TorchBackend):
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendError("the triton backend needs a GPU, or TRITON_INTERPRET=1 on CPU (tests only)")
         # the fused MoE's weight path: "fast" (triton_moe_fast's layout), or a triton_moe variant
-        # ("dot_scaled", "dequant") on the checkpoint layout; None: "fast" on a GPU without FP4 units
+        # ("dot_scaled", "dequant") on the checkpoint layout; None: "fast" on an NVIDIA GPU without FP4 units
         self.moe_variant: str | None = None
         self._fast: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # by id(w13), checked by ref
 
@@ -253,7 +253,9 @@ class TritonBackend(TorchBackend):
     def _moe_variant(self, device: torch.device) -> str:
         if self.moe_variant is not None:
             return self.moe_variant
-        return "dot_scaled" if native_fp4(device) else "fast"
+        # the fast path's decode is PTX: NVIDIA GPUs without FP4 units (Hopper) only; ROCm (unverified
+        # there) and FP4 hardware keep tl.dot_scaled
+        return "fast" if device.type == "cuda" and not torch.version.hip and not native_fp4(device) else "dot_scaled"
 
     def _fast_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
         """The fast layout of one expert stack, built on first use (normally `prepare_moe` at load);
