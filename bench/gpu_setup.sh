@@ -14,4 +14,4 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/run.log"
 # The GPU tests of the engine (files named so that pytest never collects modules that need the
 # dev-only extras the image lacks).
-GPU_TESTS="tests/engine/model/test_model_gpu.py tests/engine/kernels/test_triton_quant.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_triton_moe.py tests/engine/kernels/test_triton_attention.py tests/engine/kernels/test_triton_gpu_shapes.py tests/engine/runtime/test_cuda_graphs_gpu.py"
+GPU_TESTS="tests/engine/model/test_model_gpu.py tests/engine/kernels/test_triton_quant.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_triton_moe.py tests/engine/kernels/test_triton_attention.py tests/engine/kernels/test_triton_gpu_shapes.py tests/engine/runtime/test_cuda_graphs_gpu.py tests/engine/kernels/test_triton_moe_fast.py tests/engine/kernels/test_triton_routing.py"
