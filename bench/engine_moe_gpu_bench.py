@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from k2bench.engine.kernels.moe_fast_layout import relayout_experts
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
-from k2bench.engine.kernels.triton_moe_fast import FastConfig, fast_config, fused_moe_fast, relayout_experts
+from k2bench.engine.kernels.triton_moe_fast import FastConfig, fast_config, fused_moe_fast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402

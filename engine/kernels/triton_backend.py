@@ -30,16 +30,16 @@ import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
 from k2bench.engine.kernels.backend import AttentionPlan, BackendError
-from k2bench.engine.kernels.torch_backend import TorchBackend
-from k2bench.engine.kernels.triton_attention import mla_decode
-from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
-from k2bench.engine.kernels.triton_moe_fast import (
+from k2bench.engine.kernels.moe_fast_layout import (
     FastExperts,
     NanScaleError,
     ScaleRangeError,
-    fused_moe_fast,
     relayout_experts,
 )
+from k2bench.engine.kernels.torch_backend import TorchBackend
+from k2bench.engine.kernels.triton_attention import mla_decode
+from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
+from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata

@@ -22,13 +22,13 @@ pytestmark = pytest.mark.engine
 
 pytest.importorskip("triton")
 
-from k2bench.engine.kernels.triton_moe_fast import (  # noqa: E402  (after the importorskip)
+from k2bench.engine.kernels.moe_fast_layout import (  # noqa: E402  (after the importorskip)
     MAX_SCALE_CODE,
     NanScaleError,
     ScaleRangeError,
-    fast_config,
     relayout_experts,
 )
+from k2bench.engine.kernels.triton_moe_fast import fast_config  # noqa: E402
 from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 OCP = torch.tensor(FP4_VALUES, dtype=torch.float64)
@@ -97,7 +97,8 @@ import torch.nn.functional as F
 import triton, triton.language as tl
 from k2bench.engine.kernels.triton_backend import TritonBackend
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
-from k2bench.engine.kernels.triton_moe_fast import FastConfig, e2m1_decode_half, fused_moe_fast, relayout_experts
+from k2bench.engine.kernels.moe_fast_layout import relayout_experts
+from k2bench.engine.kernels.triton_moe_fast import FastConfig, e2m1_decode_half, fused_moe_fast
 from k2bench.engine.kernels.backend import BackendError
 from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
 
