@@ -77,6 +77,21 @@ class KernelBackend(Protocol):
         all-reduce)."""
         ...
 
+    def route_experts(
+        self, scores: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int, topk_group: int,
+        renormalize: bool, scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert choice from sigmoid scores float32 [T, E] and the correction bias [E] -> (weights
+        float32 [T, k], ids int64 [T, k]), highest choice first."""
+        ...
+
+    def prepare_moe(
+        self, w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor | None
+    ) -> None:
+        """Called once per expert stack after loading: a backend may build its own weight layout here
+        (raising BackendError for weights it cannot take); `fused_moe` still receives the checkpoint tensors."""
+        ...
+
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
         """The step's gather plan from the runner's metadata (may read it on the host)."""
         ...

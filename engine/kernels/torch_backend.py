@@ -78,6 +78,28 @@ class TorchBackend:
         kv_cache.view(-1, kv_cache.shape[-1])[slot_mapping] = entry.to(kv_cache.dtype)
         return q_pe
 
+    def route_experts(
+        self, scores: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int, topk_group: int,
+        renormalize: bool, scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V3 selection: bias steers the choice only; groups ranked by their top-2 sum."""
+        choice = scores + bias
+        T, E = choice.shape
+        if n_group > 1:
+            grouped = choice.view(T, n_group, E // n_group)
+            group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)
+            keep = group_score.topk(topk_group, dim=-1).indices
+            mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, keep, True)
+            choice = choice.masked_fill(~mask.repeat_interleave(E // n_group, dim=1), float("-inf"))
+        ids = choice.topk(top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * scale, ids
+
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
+        """The checkpoint layout is this backend's layout."""
+
     def fused_moe(
         self,
         x: torch.Tensor,

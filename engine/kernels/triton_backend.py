@@ -4,12 +4,14 @@
   mode feeds activations as bf16; A4W4 quantises them per 32 along K (the engine's quantiser) and
   feeds E2M1 + E8M0 on both sides. Where the hardware has no FP4 units (Hopper, the CPU interpreter)
   Triton upcasts inside the kernel.
-- Routed experts: `triton_moe.fused_moe_mxfp4` (pairs sorted by expert on the device, each touched
-  expert's packed weights read once per step, no host sync).
+- Routed experts: on GPUs without FP4 units `triton_moe_fast.fused_moe_fast` on weights re-laid out
+  once (`prepare_moe`, at load) for a few-instruction E2M1 decode; elsewhere (FP4 units, the CPU
+  interpreter) `triton_moe.fused_moe_mxfp4` on the checkpoint layout through `tl.dot_scaled`. Both
+  sort pairs by expert on the device, read each touched expert's weights once per step, no host sync.
 - Attention: prefill chunks in the expanded MLA form through PyTorch's flash SDPA
   (`prefill_attention`), decodes in the absorbed form through the paged split-KV kernel
   `triton_attention.mla_decode`, which reads the latent cache in place.
-Float weights and routing are inherited from the torch backend.
+Expert routing is one kernel (`triton_routing`); float weights come from the torch backend.
 
 Runs on a GPU, or on CPU under TRITON_INTERPRET=1 (set before this module is imported), which is
 how the tests exercise it. Only what was run is claimed: see engine/README.md.
@@ -18,6 +20,7 @@ how the tests exercise it. Only what was run is claimed: see engine/README.md.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +30,19 @@ import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
 from k2bench.engine.kernels.backend import AttentionPlan, BackendError
+from k2bench.engine.kernels.moe_fast_layout import (
+    FastExperts,
+    NanScaleError,
+    ScaleRangeError,
+    relayout_experts,
+)
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
+from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
 from k2bench.engine.kernels.triton_quant import fake_quantize
+from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata
 from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
 
@@ -221,7 +232,10 @@ class TritonBackend(TorchBackend):
         super().__init__(device)
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendError("the triton backend needs a GPU, or TRITON_INTERPRET=1 on CPU (tests only)")
-        self.moe_variant: str | None = None  # in-kernel dequantisation of the fused MoE (None: its default)
+        # the fused MoE's weight path: "fast" (triton_moe_fast's layout), or a triton_moe variant
+        # ("dot_scaled", "dequant") on the checkpoint layout; None: "fast" on an NVIDIA GPU without FP4 units
+        self.moe_variant: str | None = None
+        self._fast: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # by id(w13), checked by ref
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
@@ -232,11 +246,49 @@ class TritonBackend(TorchBackend):
             return dequant_linear(x, weight, weight_scale, a4w4=a4w4)
         return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
 
+    def route_experts(self, scores, bias, *, top_k, n_group, topk_group, renormalize, scale):
+        """One kernel (triton_routing) instead of the torch reference's dozen."""
+        return route_experts(scores, bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
+                             renormalize=renormalize, scale=scale)
+
+    def _moe_variant(self, device: torch.device) -> str:
+        if self.moe_variant is not None:
+            return self.moe_variant
+        # the fast path's decode is PTX: NVIDIA GPUs without FP4 units (Hopper) only; ROCm (unverified
+        # there) and FP4 hardware keep tl.dot_scaled
+        return "fast" if device.type == "cuda" and not torch.version.hip and not native_fp4(device) else "dot_scaled"
+
+    def _fast_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
+        """The fast layout of one expert stack, built on first use (normally `prepare_moe` at load);
+        None where its scales do not fit that layout (the checkpoint layout is used then)."""
+        hit = self._fast.get(id(w13))
+        if hit is not None and hit[0]() is w13:
+            return hit[1]
+        try:
+            fast = relayout_experts(w13, w13_scale, w2, w2_scale)
+        except NanScaleError as exc:
+            raise BackendError(f"MXFP4 experts: {exc}") from exc
+        except ScaleRangeError:
+            fast = None
+        self._fast[id(w13)] = (weakref.ref(w13), fast)
+        return fast
+
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
+        """Re-lay packed experts for the fast variant once, at load time (the checkpoint tensors stay
+        for backends swapped in later, e.g. by bench/engine_gpu_bench.py)."""
+        if w13_scale is not None and w2_scale is not None and self._moe_variant(w13.device) == "fast":
+            self._fast_experts(w13, w13_scale, w2, w2_scale)
+
     def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
         if w13_scale is None or w2_scale is None:  # float experts: the reference path
             return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
-        kw = {} if self.moe_variant is None else {"variant": self.moe_variant}
-        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, **kw)
+        variant = self._moe_variant(x.device)
+        if variant == "fast":
+            fast = self._fast_experts(w13, w13_scale, w2, w2_scale)
+            if fast is not None:
+                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4)
+            variant = "dot_scaled"
+        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant)
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """Prefill chunks are listed (with their cache slots); decodes stay tensors for the paged kernel."""

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 from k2bench.engine.kernels import BackendError, get_backend
-from k2bench.engine.model.checkpoint import load_checkpoint
+from k2bench.engine.model.checkpoint import CheckpointError, load_checkpoint
 from k2bench.engine.model.config import ConfigError, ModelConfig, load_config
 from k2bench.engine.model.deepseek import DeepseekV3ForCausalLM
+from k2bench.engine.model.moe import Experts
 from k2bench.engine.model.parallel import Parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -77,6 +78,12 @@ def load_model(
     if orphans:
         raise RuntimeError(f"model parameters without a checkpoint tensor: {orphans}")
     load_checkpoint(model_dir, specs, cfg)
+    try:
+        for module in model.modules():
+            if isinstance(module, Experts):
+                module.prepare()
+    except BackendError as exc:  # weights the backend's kernels cannot take, e.g. NaN scales
+        raise CheckpointError(f"{model_dir}: {exc}") from exc
     model.eval()
     model.quant_mode = mode
     return model, cfg

@@ -49,9 +49,10 @@ class DenseMLP(nn.Module):
 
 
 class Router(nn.Module):
-    def __init__(self, cfg: ModelConfig, prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
         super().__init__()
         self.cfg = cfg
+        self.par = par
         self.prefix = prefix
         self.weight = replicated_param((cfg.n_routed_experts, cfg.hidden_size), torch.float32)
         self.e_score_correction_bias = replicated_param((cfg.n_routed_experts,), torch.float32)
@@ -64,19 +65,10 @@ class Router(nn.Module):
         """-> (topk_weights float32 [T, k], topk_ids int64 [T, k])."""
         cfg = self.cfg
         scores = F.linear(x.float(), self.weight).sigmoid()
-        choice = scores + self.e_score_correction_bias  # the bias steers selection only
-        T, E = choice.shape
-        if cfg.n_group > 1:
-            grouped = choice.view(T, cfg.n_group, E // cfg.n_group)
-            group_score = grouped.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)
-            keep = group_score.topk(cfg.topk_group, dim=-1).indices
-            mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, keep, True)
-            choice = choice.masked_fill(~mask.repeat_interleave(E // cfg.n_group, dim=1), float("-inf"))
-        ids = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if cfg.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * cfg.routed_scaling_factor, ids
+        return self.par.backend.route_experts(
+            scores, self.e_score_correction_bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
+            topk_group=cfg.topk_group, renormalize=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor,
+        )
 
 
 class Experts(nn.Module):
@@ -152,6 +144,10 @@ class Experts(nn.Module):
     def _bind(self, param: nn.Parameter, e: int, which: str):
         return lambda t: self.weight_loader(param, t, e, which, narrowed=True)
 
+    def prepare(self) -> None:
+        """After loading: let the backend build its own layout of these weights (once)."""
+        self.par.backend.prepare_moe(self.w13, self.w13_scale, self.w2, self.w2_scale)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.par.backend.fused_moe(
             x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4
@@ -162,7 +158,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str) -> None:
         super().__init__()
         self.par = par
-        self.gate = Router(cfg, f"{prefix}.gate")
+        self.gate = Router(cfg, par, f"{prefix}.gate")
         self.experts = Experts(cfg, par, f"{prefix}.experts")
         self.shared_experts = (
             DenseMLP(cfg, par, f"{prefix}.shared_experts", cfg.moe_intermediate_size * cfg.n_shared_experts, reduce=False)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The routed-expert MoE on one GPU, in one device call: the GPU tests, the MoE kernels alone
+# (bench/engine_moe_gpu_bench.py: checkpoint layout against the fast layout, tile sweep, byte floor),
+# then the decode steps of bench/engine_gpu_bench.py on a Kimi-K2.5-width checkpoint.
+#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=1] [SWEEP=1] [MOE_TOKENS=4,32,128,8192] bash bench/gpu_moe.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/k2bench-gpu}
+LAYERS=${LAYERS:-2}
+BATCHES=${BATCHES:-4,32,128}
+VARIANTS=${VARIANTS:-torch,triton,triton:graphs,triton:dot_scaled:graphs}
+CKPT=/tmp/k2-width-$LAYERS
+. bench/gpu_setup.sh
+
+if [ "${TESTS:-1}" = 1 ]; then
+  log "gpu tests"
+  timeout 200 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider \
+    >"$OUT/pytest_gpu.log" 2>&1
+  tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
+fi
+log "moe kernels alone: tokens ${MOE_TOKENS:-4,32,128,8192}"
+SWEEP_ARG=$([ "${SWEEP:-1}" = 1 ] || echo --no-sweep)
+python3 bench/engine_moe_gpu_bench.py --tokens "${MOE_TOKENS:-4,32,128,8192}" --profile $SWEEP_ARG --out "$OUT" 2>&1 \
+  | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
+
+log "checkpoint: kimi-k2-width, $LAYERS layers"
+[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+log "bench: batches $BATCHES, variants $VARIANTS"
+python3 bench/engine_gpu_bench.py --model "$CKPT" --batches "$BATCHES" --variants "$VARIANTS" --prefill 0 \
+  --profile --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -80
+log "done"

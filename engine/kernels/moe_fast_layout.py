@@ -1,0 +1,86 @@
+"""The fast MoE's weight layout, built once at load time from the checkpoint's packed MXFP4 experts.
+
+Why: on GPUs without FP4 units `tl.dot_scaled` decodes every E2M1 element through an upcast, a scale
+broadcast, a multiply, a NaN select and a register layout conversion; at decode sizes that, not the
+bytes, set the MoE's time (bench/results/2026-11-30_h200_engine). Here the weights are re-laid out
+once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
+
+- K is cut into chunks of 64. Byte j of a row's chunk holds code k=j in its low nibble and k=32+j in
+  its high nibble, so the low nibbles of a [rows, 32] byte tile are one whole scale group and the
+  high nibbles the next one: each half gets one scale per row, no interleave, no reshape.
+- Chunks are the outer dimension ([E, K/64, N, 32] bytes, [E, K/64, N, 2] scales): one program's
+  tile of a chunk is a single contiguous run of rows x 32 bytes (whole 16-byte vectors).
+- Decode: (sign << 15) | ((code & 7) << 6) is, as bf16 bits, the E2M1 value times 2^-126 (codes 0
+  and 1, i.e. 0 and 0.5, land on bf16's subnormals); the 2^126 is folded into the scale, so
+  bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
+  exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
+  larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from k2bench.engine.model.mxfp4 import BLOCK, E8M0_NAN
+
+CHUNK = 64  # K values per relaid chunk: two scale groups, one per nibble half
+MAX_SCALE_CODE = 128  # 2^(e-1) must stay a normal bf16
+
+
+class ScaleRangeError(ValueError):
+    """An expert's E8M0 scales fall outside what the fast layout's bf16 decode can hold."""
+
+
+class NanScaleError(ScaleRangeError):
+    """The E8M0 NaN code 0xFF, which no checkpoint written by the engine holds: refused at load."""
+
+
+@dataclass(frozen=True)
+class FastExperts:
+    """One layer's experts in the fast layout; `k13`/`k2` are the true (unpadded) K of each GEMM."""
+
+    w13: torch.Tensor  # uint8 [E, H/64, 2L, 32]
+    s13: torch.Tensor  # uint8 [E, H/64, 2L, 2]
+    w2: torch.Tensor  # uint8 [E, L/64, H, 32]
+    s2: torch.Tensor  # uint8 [E, L/64, H, 2]
+    hidden: int
+    inter: int
+
+
+def _relayout(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint [E, N, K/2] + [E, N, K/32] -> [E, Kp/64, N, 32] + [E, Kp/64, N, 2], Kp = K padded to 64
+    with zero codes; one expert at a time, so the unpacked codes never exist for the whole stack."""
+    E, N, half = w.shape
+    k = 2 * half
+    chunks = triton.cdiv(k, CHUNK)
+    wf = torch.empty(E, chunks, N, CHUNK // 2, dtype=torch.uint8, device=w.device)
+    sf = torch.empty(E, chunks, N, CHUNK // BLOCK, dtype=torch.uint8, device=w.device)
+    for e in range(E):
+        codes = torch.zeros(N, chunks * CHUNK, dtype=torch.uint8, device=w.device)
+        codes[:, 0:k:2] = w[e] & 15
+        codes[:, 1:k:2] = w[e] >> 4
+        codes = codes.view(N, chunks, 2, CHUNK // 2)
+        wf[e] = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(0, 1)
+        groups = torch.full((N, chunks * 2), 127, dtype=torch.uint8, device=w.device)
+        groups[:, : k // BLOCK] = s[e]  # group g of chunk c is column 2c + g
+        sf[e] = groups.view(N, chunks, 2).transpose(0, 1)
+    return wf, sf
+
+
+def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor) -> FastExperts:
+    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`.
+
+    Raises NanScaleError for the code 0xFF, ScaleRangeError above MAX_SCALE_CODE (one host sync: load time).
+    """
+    for name, s in (("w13_scale", s13), ("w2_scale", s2)):
+        top = int(s.max()) if s.numel() else 0
+        if top == E8M0_NAN:
+            raise NanScaleError(f"{name} holds the E8M0 NaN code 0xFF")
+        if top > MAX_SCALE_CODE:
+            raise ScaleRangeError(f"{name} holds scale 2^{top - 127}, above the fast layout's 2^{MAX_SCALE_CODE - 127}")
+    f13, g13 = _relayout(w13, s13)
+    f2, g2 = _relayout(w2, s2)
+    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2)

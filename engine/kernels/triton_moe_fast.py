@@ -1,0 +1,365 @@
+"""Fused routed-expert MoE on a load-time weight layout: E2M1 -> bf16 in a few integer ops (Hopper path).
+
+The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks whose low
+and high nibbles are one whole scale group each, decoded as bits (sign << 15) | (magnitude << 6)
+times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units `tl.dot_scaled` decodes every element
+through an upcast, a scale broadcast, a multiply, a NaN select and a layout conversion
+(bench/results/2026-11-30_h200_engine).
+
+On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
+bytes into the 16-bit lanes of a word, shifts and masks place both lanes' bits, one bf16x2 multiply
+applies the scale), about 3 instructions per value; `asm=False` keeps the per-element Triton form.
+The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers,
+the wgmma A operand) and the block's tokens on the N side (`swap=True`); `swap=False` is the usual
+orientation. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
+float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
+summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
+so whose float32 result, changes from run to run).
+Under TRITON_INTERPRET=1 (no inline asm; bf16 arithmetic on raw bits) the same bits are decoded in
+float32; the GPU decodes are checked against the OCP table by tests/engine/kernels/
+test_triton_moe_fast.py on a GPU. Not run on ROCm: the PTX decode is CUDA-only, so an MI355X keeps
+`triton_moe`'s `tl.dot_scaled` (its native scaled MFMA), which the triton backend picks where the
+GPU has FP4 units.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
+from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
+from k2bench.engine.kernels.triton_quant import fake_quantize
+
+
+@triton.jit
+def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
+    """Bytes [R, 32] and E8M0 codes [R] -> the low (or HIGH) nibbles' values [R, 32] (bf16; float32 when
+    INTERPRET): bits (sign << 15) | (magnitude << 6) are value * 2^-126, times bf16 2^(e-1)."""
+    q = p.to(tl.uint16)
+    if HIGH:
+        bits = ((q & 0x70) << 2) | ((q & 0x80) << 8)
+    else:
+        bits = ((q & 0x7) << 6) | ((q & 0x8) << 12)
+    e = s.to(tl.uint16) + 126
+    if INTERPRET:
+        w = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        return w * (e.to(tl.uint32) << 23).to(tl.float32, bitcast=True)[:, None]
+    return bits.to(tl.bfloat16, bitcast=True) * (e << 7).to(tl.bfloat16, bitcast=True)[:, None]
+
+
+# The same decode on packed registers (CUDA sm_90+): 4 bytes in, both nibble halves out as bf16x2 pairs.
+# prmt spreads bytes (b0, b1) and (b2, b3) into the two 16-bit lanes of a word; then per lane the shifts
+# and masks of `e2m1_decode_half` and one bf16x2 multiply by the scale: about 3 instructions per value
+# where the per-element form takes a widening, the bit ops and a float multiply each.
+_DECODE_PTX = tl.constexpr("""{
+.reg .b32 a, b, t, u;
+prmt.b32 a, $4, 0, 0x4140;
+prmt.b32 b, $4, 0, 0x4342;
+shl.b32 t, a, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $0, t, $5;
+shl.b32 t, b, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $1, t, $6;
+shl.b32 t, a, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $2, t, $7;
+shl.b32 t, b, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
+mul.rn.bf16x2 $3, t, $8;
+}""")
+
+
+@triton.jit
+def e2m1_decode_packed(p, s_lo, s_hi, BN: tl.constexpr):
+    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm)."""
+    sc_lo = tl.broadcast_to(((s_lo.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
+    sc_hi = tl.broadcast_to(((s_hi.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
+    return tl.inline_asm_elementwise(
+        _DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc_lo, sc_hi],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+    )
+
+
+@triton.jit
+def _load_w(w_rows, s_rows, rn, ok):
+    """One 64-wide K chunk of BN weight rows: bytes [BN, 32] and the two scale codes [BN] of each row."""
+    p = tl.load(w_rows + rn[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0)
+    s_lo = tl.load(s_rows + rn * 2, mask=ok, other=127)
+    s_hi = tl.load(s_rows + rn * 2 + 1, mask=ok, other=127)
+    return p, s_lo, s_hi
+
+
+@triton.jit
+def _load_x(x_ptrs, x_ok, kc, K):
+    """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K)."""
+    rj = tl.arange(0, 32)
+    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
+    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
+    return x_lo, x_hi
+
+
+@triton.jit
+def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
+               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr):
+    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN]."""
+    if ASM and not INTERPRET:
+        w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
+    else:
+        w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
+        w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
+    if INTERPRET:
+        x_lo = x_lo.to(tl.float32)
+        x_hi = x_hi.to(tl.float32)
+    else:
+        x_lo = x_lo.to(tl.bfloat16)
+        x_hi = x_hi.to(tl.bfloat16)
+    if SWAP:
+        acc = tl.dot(w_lo, x_lo, acc)
+        acc = tl.dot(w_hi, x_hi, acc)
+    else:
+        acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
+        acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
+    return acc
+
+
+@triton.jit
+def _fast_gate_up(
+    x_ptr, w_ptr, s_ptr, h_ptr, pairs_ptr, block_experts_ptr,
+    num_pairs, topk, L, K, K_SPLIT,
+    s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+):
+    """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
+
+    SPLIT: program axis 2 covers K_SPLIT of K; float32 partial gate sums go to h[slice, pair, n] and up
+    sums to h[slice, pair, L + n] (silu waits for the complete sums). PREFETCH: the next chunk's loads
+    are issued before this chunk's decode and MMAs (Triton's pipeliner leaves these loads alone).
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    valid = pair < num_pairs
+    tok = pair // topk
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < L
+    x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
+    x_ok = valid[None, :]
+    if SWAP:
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    else:
+        k_lo = 0
+        k_hi = K
+    g_e = w_ptr + expert * s_we
+    u_e = g_e + L * 32
+    gs_e = s_ptr + expert * s_se
+    us_e = gs_e + L * 2
+    if PREFETCH:
+        ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
+    for kc in range(k_lo, k_hi, 64):
+        if PREFETCH:
+            pg, sgl, sgh, pu, sul, suh, xl, xh = ng, ngl, ngh, nu, nul, nuh, nxl, nxh
+            kn = kc + 64
+            more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
+            ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
+            nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
+            nxl, nxh = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+        else:
+            pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
+            pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
+            xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN)
+        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN)
+    if not SWAP:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
+    mask = n_ok[:, None] & valid[None, :]
+    if SPLIT:
+        dst = h_ptr + tl.program_id(2) * s_hs + pair[None, :] * s_hp + rn[:, None]
+        tl.store(dst, acc_g, mask=mask)
+        tl.store(dst + L, acc_u, mask=mask)
+    else:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + pair[None, :] * s_hp + rn[:, None], h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fast_down(
+    h_ptr, w_ptr, s_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
+    num_pairs, N, K, K_SPLIT,
+    s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
+    SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+):
+    """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    valid = pair < num_pairs
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
+    h_ok = valid[None, :]
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        y_ptr += tl.program_id(2) * s_ys
+    else:
+        k_lo = 0
+        k_hi = K
+    w_e = w_ptr + expert * s_we
+    s_e = s_ptr + expert * s_se
+    if PREFETCH:
+        nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
+        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
+    for kc in range(k_lo, k_hi, 64):
+        if PREFETCH:
+            pw, sl, sh, hl, hh = nw, nsl, nsh, nhl, nhh
+            kn = kc + 64
+            nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn, rn < tl.where(kn < k_hi, N, 0))
+            nhl, nhh = _load_x(h_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+        else:
+            pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
+            hl, hh = _load_x(h_ptrs, h_ok, kc, K)
+        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN)
+    if not SWAP:
+        acc = tl.trans(acc)
+    rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
+    acc = acc * rw[None, :]
+    tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None], acc, mask=n_ok[:, None] & valid[None, :])
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    """Tiles of one fused_moe_fast call: block_m pairs per block, block_n weight rows per program."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    swap: bool
+    asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
+    prefetch: bool = True  # the next 64-wide chunk's loads in flight during this one's math
+
+
+# Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
+# (bench/results/2026-12-01_h200_moe, E=384, H=7168, L=2048, A4W4, CUDA-graph replays):
+# - decode: 16 tokens per block on the MMA's narrow side, 64 weight rows (one warp group) on its wide
+#   side, packed decode, no prefetch: 0.516 / 2.505 / 4.746 ms at 4 / 32 / 128 tokens, against 0.548 /
+#   2.797 / 5.338 with the prefetch, 0.605 / 3.158 / 6.029 with the per-element decode, and 0.824 /
+#   3.905 / 7.517 for the checkpoint layout through tl.dot_scaled; 8 warps on 64 rows took twice as long.
+# - prefill (8192 tokens): 64 x 64 swapped with the prefetch 29.7 ms (128 x 128 plain 29.7, dot_scaled
+#   32.7, 64 x 128 plain 83.2).
+# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles; not measured.
+DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=True)
+PREFILL_PAIRS_PER_EXPERT = 128
+
+
+def fast_config(num_pairs: int, num_experts: int) -> FastConfig:
+    per_expert = num_pairs / max(1, num_experts)
+    if per_expert >= PREFILL_PAIRS_PER_EXPERT:
+        return PREFILL_CONFIG
+    return DECODE_CONFIG if per_expert <= 16 else BATCHED_CONFIG
+
+
+def fused_moe_fast(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: FastExperts,
+    *,
+    a4w4: bool = False,
+    config: FastConfig | None = None,
+    split_k: int = 1,
+    down_split_k: int | None = None,
+) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
+
+    Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
+    float32 accumulation, deterministic); config None picks tiles by `fast_config`. split_k /
+    down_split_k: K slices of the gate/up and down GEMMs (float32 partials added after).
+    """
+    hidden, inter = experts.hidden, experts.inter
+    if x.dim() != 2 or x.shape[1] != hidden or topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
+            or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x [T, {hidden}], topk_ids and topk_weights [T, k] expected; got {tuple(x.shape)}, "
+                         f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}")
+    for name, val in (("split_k", split_k), ("down_split_k", down_split_k)):
+        if val is not None and val < 1:
+            raise ValueError(f"{name} must be >= 1, got {val}")
+    tokens, topk = topk_ids.shape
+    pairs = tokens * topk
+    if pairs == 0:
+        return torch.zeros_like(x)
+    num_experts = experts.w13.shape[0]
+    cfg = config or fast_config(pairs, num_experts)
+    split1, ksplit1 = split_sizes(hidden, CHUNK, split_k)
+    split2, ksplit2 = split_sizes(inter, CHUNK, down_split_k or split_k)
+    align = moe_align(topk_ids, num_experts, cfg.block_m)
+    num_blocks = align.block_experts.numel()
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
+    if split1 > 1:
+        h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
+        s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
+    else:
+        # A4W4 keeps h in float32 until it is quantised; the interpreter's bf16 cast truncates, so
+        # there torch rounds it (as in triton_moe)
+        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16,
+                            device=x.device)
+        s_hp, s_hs = h_buf.stride(0), 0
+    _fast_gate_up[(num_blocks, triton.cdiv(inter, cfg.block_n), split1)](
+        xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
+        pairs, topk, inter, hidden, ksplit1,
+        xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        BM=cfg.block_m, BN=cfg.block_n, **launch,
+    )
+    if split1 > 1:
+        gate, up = h_buf.sum(dim=0).split(inter, dim=1)
+        h = gate * torch.sigmoid(gate) * up
+        h = h if a4w4 else h.to(torch.bfloat16)
+    else:
+        h = h_buf
+    if a4w4:
+        h = fake_quantize(h, torch.bfloat16)
+    elif interpret:
+        h = h.to(torch.bfloat16)
+    route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
+    _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
+        h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
+        pairs, hidden, inter, ksplit2,
+        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        BM=cfg.block_m, BN=cfg.block_n, **launch,
+    )
+    if split2 > 1:
+        y = y.sum(dim=0)
+    return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)

@@ -1,0 +1,332 @@
+"""The fast-layout MoE (engine/kernels/triton_moe_fast.py): its E2M1 bit trick against the OCP table,
+its load-time re-layout, and the kernels under TRITON_INTERPRET=1 against an independent float64 reference.
+
+The reference and tolerance are those of test_triton_moe.py (dequantised weights, a loop over each
+token's k experts in float64 with the documented activation rounding; float32 summation order, the
+bf16 output cast, and W4's near-midpoint h roundings). The kernels run in a child process because
+the interpreter must be on before triton compiles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.engine
+
+pytest.importorskip("triton")
+
+from k2bench.engine.kernels.moe_fast_layout import (  # noqa: E402  (after the importorskip)
+    MAX_SCALE_CODE,
+    NanScaleError,
+    ScaleRangeError,
+    relayout_experts,
+)
+from k2bench.engine.kernels.triton_moe_fast import fast_config  # noqa: E402
+from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+
+OCP = torch.tensor(FP4_VALUES, dtype=torch.float64)
+
+
+def ocp_value(codes: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """OCP MX: E2M1 value times 2^(e - 127), in float64."""
+    return OCP[codes.long()] * torch.exp2(e.double() - 127)
+
+
+def test_bf16_bit_trick_matches_ocp_table_exhaustively():
+    """Every byte (both nibbles) at every scale the layout accepts: the kernel's bf16 bits times bf16
+    2^(e-1) equal the OCP value exactly, subnormal codes (0, 0.5) and signed zeros included."""
+    byte = torch.arange(256, dtype=torch.int32).repeat_interleave(MAX_SCALE_CODE + 1)
+    e = torch.arange(MAX_SCALE_CODE + 1, dtype=torch.int32).repeat(256)
+    scale = (((e + 126) << 7).to(torch.int16)).view(torch.bfloat16)
+    for codes, bits in ((byte & 15, ((byte & 7) << 6) | ((byte & 8) << 12)),
+                        (byte >> 4, ((byte & 0x70) << 2) | ((byte & 0x80) << 8))):
+        got = bits.to(torch.int16).view(torch.bfloat16) * scale  # int16 wraps 0x8000 to the sign bit
+        want = ocp_value(codes, e)
+        assert torch.equal(got.double(), want)
+        assert torch.equal(torch.signbit(got), codes >= 8)  # -0.0 stays negative zero
+
+
+def test_relayout_keeps_every_value_and_pads_k():
+    """Decoding the fast layout in torch (chunk c, byte j: k = 64c + j low, 64c + 32 + j high) gives
+    the checkpoint's values; K = 96 pads to two chunks whose padding decodes to 0."""
+    g = torch.Generator().manual_seed(1)
+    E, L, H = 3, 32, 96
+    w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
+    w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
+    fast = relayout_experts(w13, s13, w2, s2)
+    assert (fast.hidden, fast.inter) == (H, L)
+    for wf, sf, w, s in ((fast.w13, fast.s13, w13, s13), (fast.w2, fast.s2, w2, s2)):
+        E, chunks, N, _ = wf.shape
+        assert wf.is_contiguous() and sf.shape == (E, chunks, N, 2)
+        codes = torch.cat((wf & 15, wf >> 4), dim=-1)  # [E, chunks, N, 64] in k order
+        vals = ocp_value(codes, sf.repeat_interleave(32, dim=-1))
+        vals = vals.permute(0, 2, 1, 3).reshape(E, N, chunks * 64)
+        k = 2 * w.shape[2]
+        assert torch.equal(vals[..., :k], dequantize_mxfp4(w, s).double())
+        assert not vals[..., k:].any()
+
+
+def test_relayout_refuses_scales_it_cannot_hold():
+    w, s = torch.zeros(1, 4, 32, dtype=torch.uint8), torch.full((1, 4, 2), 127, dtype=torch.uint8)
+    relayout_experts(w, s, w, s)
+    s[0, 1, 1] = MAX_SCALE_CODE + 1
+    with pytest.raises(ScaleRangeError, match="above"):
+        relayout_experts(w, s, w, s)
+    s[0, 1, 1] = 0xFF
+    with pytest.raises(NanScaleError, match="0xFF"):
+        relayout_experts(w, s, w, s)
+
+
+def test_dispatch_by_pairs_per_expert():
+    assert fast_config(4 * 8, 384).swap and fast_config(4 * 8, 384).block_m == 16  # decode
+    assert fast_config(128 * 8, 384).block_m == 16  # 2.7 pairs per expert: still decode tiles
+    assert not fast_config(128 * 8, 384).prefetch
+    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).prefetch  # prefill
+
+
+CHILD = r"""
+import json, torch
+import torch.nn.functional as F
+import triton, triton.language as tl
+from k2bench.engine.kernels.triton_backend import TritonBackend
+from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
+from k2bench.engine.kernels.moe_fast_layout import relayout_experts
+from k2bench.engine.kernels.triton_moe_fast import FastConfig, e2m1_decode_half, fused_moe_fast
+from k2bench.engine.kernels.backend import BackendError
+from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+
+torch.set_num_threads(1)
+
+
+@triton.jit
+def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr, INTERPRET: tl.constexpr):
+    r = tl.arange(0, 256)
+    c = tl.arange(0, 32)
+    p = tl.load(p_ptr + r[:, None] * 32 + c[None, :])
+    s = tl.load(s_ptr + r)
+    tl.store(lo_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, False, INTERPRET).to(tl.float32))
+    tl.store(hi_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, True, INTERPRET).to(tl.float32))
+
+
+# every byte in every row, one scale per row (0..128 and back up), against the OCP table
+p = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat(32, 1)  # 256 rows x 32 bytes
+s = torch.cat((torch.arange(129), torch.arange(127, 0, -1)))[:256].to(torch.uint8)
+lo, hi = torch.empty(256, 32), torch.empty(256, 32)
+decode_all[(1,)](p, s, lo, hi, INTERPRET=True)
+ocp = torch.tensor(FP4_VALUES, dtype=torch.float64)
+scale = torch.exp2(s.double() - 127)[:, None]
+decode_ok = torch.equal(lo.double(), ocp[(p & 15).long()] * scale) and torch.equal(hi.double(), ocp[(p >> 4).long()] * scale)
+
+
+def reference(x, ids, wts, d13, d2, a4w4):
+    L = d2.shape[2]
+    xs = fake_quantize_mxfp4(x.float()).double() if a4w4 else x.to(torch.bfloat16).double()
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    flip = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e, w = int(ids[t, j]), float(wts[t, j])
+            g = d13[e] @ xs[t]
+            h = F.silu(g[:L]) * g[L:]
+            if a4w4:
+                h = fake_quantize_mxfp4(h.float()).double()
+            else:
+                near = (h * (1 + 1e-6)).to(torch.bfloat16) != (h * (1 - 1e-6)).to(torch.bfloat16)
+                h = h.to(torch.bfloat16).double()
+                flip[t] += w * 2.0**-7 * (d2[e].abs() @ (h.abs() * near))
+            out[t] += w * (d2[e] @ h)
+    return out, flip
+
+
+def make(seed, E, H, L):
+    g = torch.Generator().manual_seed(seed)
+    (w13, s13) = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g) * 0.1)
+    (w2, s2) = quantize_mxfp4(torch.randn(E, H, L, generator=g) * 0.1)
+    return g, (w13, s13, w2, s2), dequantize_mxfp4(w13, s13).double(), dequantize_mxfp4(w2, s2).double()
+
+
+def routing(g, T, k, allowed, skew=None):
+    ids = torch.stack([allowed[torch.randperm(len(allowed), generator=g)[:k]] for _ in range(T)])
+    if skew is not None:
+        ids[:, 0] = skew
+        ids[:, 1:] = torch.where(ids[:, 1:] == skew, allowed[0] if skew != allowed[0] else allowed[1], ids[:, 1:])
+    return ids, torch.rand(T, k, generator=g)
+
+
+configs = {"auto": None,
+           "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
+           "plain_bn32": FastConfig(16, 32, 4, 3, False),
+           "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False)}
+cases = []
+# (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
+shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
+          (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2))]
+for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
+    g, w, d13, d2 = make(si, E, H, L)
+    fast = relayout_experts(*w)
+    allowed = torch.tensor([e for e in range(E) if e not in (0, E - 2)])
+    x = torch.randn(T, H, generator=g) * 2
+    ids, wts = routing(g, T, k, allowed, skew)
+    for ci, (dtype, a4w4) in enumerate([(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
+                                        (torch.bfloat16, True)]):
+        xd = x.to(dtype)
+        ref, flip = reference(xd, ids, wts, d13, d2, a4w4)
+        # each shape runs every config once (rotated over the numerics), to keep the interpreter quick
+        name, cfg = list(configs.items())[(ci + si) % len(configs)]
+        got = fused_moe_fast(xd, ids, wts, fast, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
+        err = (got.double() - ref).abs()
+        tol = 1e-5 * ref.abs().max() + flip
+        if dtype == torch.bfloat16:
+            tol = tol + 2.0**-8 * ref.abs()
+        cases.append({"case": [E, H, L, k, T, sp1, sp2, str(dtype), a4w4, name],
+                      "dtype_ok": got.dtype == dtype and list(got.shape) == [T, H],
+                      "worst": float((err / tol).max()), "scale": float(ref.abs().max())})
+
+# the backend: "fast" against the checkpoint-layout kernel; scales too large for the layout fall back
+backend = []
+g, w, d13, d2 = make(99, 12, 128, 64)
+x = torch.randn(5, 128, generator=g)
+ids, wts = routing(g, 5, 3, torch.arange(1, 11))
+b = TritonBackend()
+b.moe_variant = "fast"
+b.prepare_moe(*w)
+want = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True, variant="dot_scaled")
+got = b.fused_moe(x, ids, wts, *w, a4w4=True)
+backend.append({"what": "fast", "rel": float((got - want).abs().max() / want.abs().max()), "cached": len(b._fast)})
+big = [t.clone() for t in w]
+big[1][0, 0, 0] = 130  # one block of expert 0 scaled by 2^3: outside the layout
+b.prepare_moe(*big)
+got = b.fused_moe(x, ids, wts, *big, a4w4=True)
+want = fused_moe_mxfp4(x, ids, wts, *big, a4w4=True, variant="dot_scaled")
+backend.append({"what": "fallback", "rel": float((got - want).abs().max() / want.abs().max()), "cached": len(b._fast)})
+nan = [t.clone() for t in w]
+nan[3][2, 5, 1] = 255
+try:
+    b.prepare_moe(*nan)
+    refused = ""
+except BackendError as exc:
+    refused = str(exc)
+print("RESULT" + json.dumps({"decode_ok": decode_ok, "cases": cases, "backend": backend, "refused": refused}))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_kernel_decode_matches_ocp_table(interpreted):
+    assert interpreted["decode_ok"]
+
+
+def test_fast_moe_matches_float64_reference(interpreted):
+    cases = interpreted["cases"]
+    assert len(cases) == 5 * 4
+    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32"}
+    for c in cases:
+        assert c["dtype_ok"], c
+        assert c["worst"] <= 1.0, c
+        assert c["scale"] > 0.1, c  # the outputs are not trivially zero
+
+
+def test_backend_fast_variant_and_fallback(interpreted):
+    fast, fallback = interpreted["backend"]
+    assert fast["rel"] < 1e-5 and fast["cached"] == 1
+    assert fallback["rel"] < 1e-6 and fallback["cached"] == 2  # the refused layout is remembered as None
+    assert "0xFF" in interpreted["refused"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch"])
+def test_fast_moe_on_cuda_without_host_sync(config):
+    """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
+    and a CUDA-graph replay equal to the eager call."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import torch.nn.functional as F
+    import triton
+    import triton.language as tl
+
+    from k2bench.engine.kernels.triton_moe_fast import (
+        FastConfig,
+        e2m1_decode_half,
+        e2m1_decode_packed,
+        fused_moe_fast,
+    )
+
+    @triton.jit
+    def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr, PACKED: tl.constexpr):
+        r = tl.arange(0, 256)
+        c = tl.arange(0, 32)
+        p = tl.load(p_ptr + r[:, None] * 32 + c[None, :])
+        s = tl.load(s_ptr + r)
+        s2 = tl.load(s_ptr + 256 + r)  # the high nibbles' scales: another order, so a swap shows
+        if PACKED:
+            lo, hi = e2m1_decode_packed(p, s, s2, 256)
+        else:
+            lo = e2m1_decode_half(p, s, False, False)
+            hi = e2m1_decode_half(p, s2, True, False)
+        tl.store(lo_ptr + r[:, None] * 32 + c[None, :], lo.to(tl.float32))
+        tl.store(hi_ptr + r[:, None] * 32 + c[None, :], hi.to(tl.float32))
+
+    p = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat(32, 1)
+    s = torch.cat((torch.arange(129), torch.arange(127, 0, -1)))[:256].to(torch.uint8)
+    s2 = s.flip(0)
+    for packed in (False, True):
+        lo, hi = torch.empty(256, 32, device="cuda"), torch.empty(256, 32, device="cuda")
+        decode_all[(1,)](p.cuda(), torch.cat((s, s2)).cuda(), lo, hi, PACKED=packed)
+        assert torch.equal(lo.cpu().double(), ocp_value(p & 15, s[:, None])), packed
+        assert torch.equal(hi.cpu().double(), ocp_value(p >> 4, s2[:, None])), packed
+        assert torch.equal(torch.signbit(lo.cpu()), (p & 15) >= 8), packed
+
+    E, H, L, k, T = 16, 7168, 512, 8, 5
+    g = torch.Generator().manual_seed(0)
+    w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g) * 0.02)
+    w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g) * 0.02)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    wts = torch.rand(T, k, generator=g)
+    d13, d2 = dequantize_mxfp4(w13, s13).double(), dequantize_mxfp4(w2, s2).double()
+    ref = torch.zeros(T, H, dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            h = d13[e] @ x[t].to(torch.bfloat16).double()
+            h = (F.silu(h[:L]) * h[L:]).to(torch.bfloat16).double()
+            ref[t] += float(wts[t, j]) * (d2[e] @ h)
+    fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda())
+    dev = [t.cuda() for t in (x, ids, wts)]
+    kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 8, 3, False)},
+          "split": {"split_k": 4, "down_split_k": 2},
+          "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
+          "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)}}[config]
+    fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
+    torch.cuda.synchronize()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
+        got = fused_moe_fast(*dev, fast, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert float((got.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-3
+    static = [t.clone() for t in dev]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe_fast(*static, fast, **kw)
+    static[0].copy_(dev[0] * 0.5)
+    static[1].copy_(torch.roll(dev[1], 1, dims=0))
+    graph.replay()
+    eager = fused_moe_fast(dev[0] * 0.5, torch.roll(dev[1], 1, dims=0), dev[2], fast, **kw)
+    assert torch.allclose(out, eager, rtol=1e-5, atol=1e-5 * float(eager.abs().max()))
