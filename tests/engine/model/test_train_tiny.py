@@ -138,3 +138,40 @@ def test_scale_fault_breaks_accuracy_not_the_work(trained, tmp_path, monkeypatch
         log = server.stop()
     assert rc == 1 and doc["value"] < 0.95, doc["value"]
     assert faults.SCALE_SHIFT_ENV in log  # the server says loudly that it runs with the fault
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_scale_fault_fails_the_pr_gate_on_accuracy(trained, tmp_path, monkeypatch, capsys):
+    """The issue's whole story through the CLI: two sweeps of the bundled engine with their evaluations,
+    the second with the scale fault, then `k2bench regress` between them: it fails, on accuracy."""
+    pytest.importorskip("lm_eval")
+    from k2bench.engine.model import faults
+    from k2bench.harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path}/k2.db"
+    sweep = ["sweep", "--model", str(trained), "--server-args=--quant-mode w4", "--isl", "32", "--osl", "8",
+             "--conc", "2", "--num-prompts", "6", "--warmup", "1", "--eval", "tiny-arith@8", "--eval-limit", "200",
+             "--db", db]
+    assert main([*sweep, "--json", "clean.json"]) == 0, capsys.readouterr().err
+    monkeypatch.setenv(faults.SCALE_SHIFT_ENV, "1")  # the launched server inherits it
+    assert main([*sweep, "--json", "fault.json"]) == 0, capsys.readouterr().err
+    clean, fault = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("clean", "fault"))
+    assert clean["evals"][0]["value"] >= 0.95 > fault["evals"][0]["value"]
+    assert fault["run"]["status"] == clean["run"]["status"] == "complete"  # the fault costs no requests
+    from k2bench.harness.store import Store
+
+    with Store.open(db, readonly=True) as store:
+        base_id, cand_id = sorted(r["id"] for r in store.list_runs())
+    capsys.readouterr()
+
+    code = main(["regress", "--candidate", str(cand_id), "--baseline", str(base_id),
+                 "--db", db, "--fail-on-regression", "--json", "verdict.json"])
+    text = capsys.readouterr().out
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert code == 1 and verdict["overall"] == "regression"
+    (acc,) = verdict["accuracy"]
+    assert acc["task"] == "tiny-arith" and acc["status"] == "regression" and acc["n_candidate"] == 200
+    assert [v for v in verdict["verdicts"] if v["status"] == "regression"] == []  # speed is not blamed
+    assert "tiny-arith" in next(line for line in text.splitlines() if "Regression" in line)
