@@ -125,39 +125,7 @@ scale = torch.exp2(s.double() - 127)[:, None]
 decode_ok = torch.equal(lo.double(), ocp[(p & 15).long()] * scale) and torch.equal(hi.double(), ocp[(p >> 4).long()] * scale)
 
 
-def reference(x, ids, wts, d13, d2, a4w4):
-    L = d2.shape[2]
-    xs = fake_quantize_mxfp4(x.float()).double() if a4w4 else x.to(torch.bfloat16).double()
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    flip = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e, w = int(ids[t, j]), float(wts[t, j])
-            g = d13[e] @ xs[t]
-            h = F.silu(g[:L]) * g[L:]
-            if a4w4:
-                h = fake_quantize_mxfp4(h.float()).double()
-            else:
-                near = (h * (1 + 1e-6)).to(torch.bfloat16) != (h * (1 - 1e-6)).to(torch.bfloat16)
-                h = h.to(torch.bfloat16).double()
-                flip[t] += w * 2.0**-7 * (d2[e].abs() @ (h.abs() * near))
-            out[t] += w * (d2[e] @ h)
-    return out, flip
-
-
-def make(seed, E, H, L):
-    g = torch.Generator().manual_seed(seed)
-    (w13, s13) = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g) * 0.1)
-    (w2, s2) = quantize_mxfp4(torch.randn(E, H, L, generator=g) * 0.1)
-    return g, (w13, s13, w2, s2), dequantize_mxfp4(w13, s13).double(), dequantize_mxfp4(w2, s2).double()
-
-
-def routing(g, T, k, allowed, skew=None):
-    ids = torch.stack([allowed[torch.randperm(len(allowed), generator=g)[:k]] for _ in range(T)])
-    if skew is not None:
-        ids[:, 0] = skew
-        ids[:, 1:] = torch.where(ids[:, 1:] == skew, allowed[0] if skew != allowed[0] else allowed[1], ids[:, 1:])
-    return ids, torch.rand(T, k, generator=g)
+from moe_reference import make, reference, routing
 
 
 configs = {"auto": None,
@@ -219,7 +187,8 @@ print("RESULT" + json.dumps({"decode_ok": decode_ok, "cases": cases, "backend": 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = os.path.dirname(os.path.abspath(__file__))  # the child imports moe_reference from here
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
