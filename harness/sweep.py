@@ -145,25 +145,31 @@ class SweepResult:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM (CI cancelling a job) unwinds like Ctrl-C: the server is stopped, levels kept."""
+    """A SIGTERM (CI cancelling a job) unwinds like Ctrl-C: the server is stopped, levels kept.
+
+    A background job of a non-interactive shell (`k2bench sweep ... &` in a CI script) starts with
+    SIGINT ignored; for the sweep, Python's Ctrl-C handler is put in place (and the ignoring restored
+    after), so that asyncio's runner takes SIGINT over and both signals stop the sweep the same way."""
     def handler(signum, frame):
         # Forwarded as SIGINT rather than raised here: raised inside an event-loop transport callback,
         # uvloop swallows a KeyboardInterrupt (one request fails, the sweep carries on), while asyncio's
         # Runner turns a SIGINT into a clean cancel of the level. Outside a loop SIGINT raises as usual.
-        if callable(signal.getsignal(signal.SIGINT)):
-            signal.raise_signal(signal.SIGINT)
-        else:  # SIGINT ignored (a background job of a shell): no way to forward it
-            raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
     try:
         old = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         yield
         return
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        if old_int == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _evaluate(cfg: SweepConfig, store, run_id: int, url: str, model: str, task: str, conc: int,

@@ -218,9 +218,12 @@ def test_launched_server_wanting_a_key_is_named_at_once(tmp_path, capsys, monkey
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_signal_mid_sweep_keeps_levels_and_stops_the_server(tmp_path, sig: str) -> None:
+@pytest.mark.parametrize("sigint_at_start", ["SIG_DFL", "SIG_IGN"])
+def test_signal_mid_sweep_keeps_levels_and_stops_the_server(tmp_path, sig: str, sigint_at_start: str) -> None:
     """A real `k2bench sweep` process, signalled during its second level: it exits, the finished level
-    is kept (run partial, JSON written), and the server it launched is gone."""
+    is kept (run partial, JSON written), and the server it launched is gone. Also when it starts with
+    SIGINT ignored, as a background job of a non-interactive shell does (`k2bench sweep ... &` in a CI
+    script)."""
     import signal
     import socket
     import time
@@ -229,7 +232,9 @@ def test_signal_mid_sweep_keeps_levels_and_stops_the_server(tmp_path, sig: str) 
     argv = [sys.executable, "-m", "k2bench.harness.cli", "sweep", "--engine", "testserver",
             "--server-args=--ttft-ms 20 --itl-ms 20", "--isl", "8", "--osl", "40", "--conc", "1,2,4",
             "--num-prompts", "2", "--warmup", "0", "--db", db, "--json", str(tmp_path / "r.json")]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    disposition = getattr(signal, sigint_at_start)  # whatever the shell that runs pytest left
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
     try:
         deadline = time.monotonic() + 60
         points = 0
