@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The design card's sweep of the bundled engine on one GPU (issue 11's end-to-end target): a
+# Kimi-K2.5-width MXFP4 checkpoint with $LAYERS layers written on the GPU, then
+#   k2bench sweep --isl 8192 --osl 1024 --conc 4..128 at TP 1, one wave per level (--num-prompts 1x
+#   --warmup 0, to fit one device call), and each level's median TPOT against the decode roofline.
+# Files: $OUT/card_sweep.json, $OUT/card_roofline.json, lines in $OUT/run.log. Run from the repository root:
+#   OUT=/tmp/out [LAYERS=3] [CONC=4..128] [DEADLINE=400] bash bench/gpu_design_card.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/k2bench-gpu}
+LAYERS=${LAYERS:-3}
+CONC=${CONC:-4..128}
+DEADLINE=${DEADLINE:-400}
+CKPT=/tmp/k2-width-$LAYERS
+WORK=/tmp/k2bench-card
+mkdir -p "$WORK"
+[ -n "${T0:-}" ] || . bench/gpu_setup.sh  # already sourced when called after another gpu_*.sh script
+START=$(date +%s)
+
+log "design card: bandwidth"
+BW=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from engine_gpu_bench import copy_bandwidth_gbs as bw; print(bw())")
+log "copy bandwidth $BW GB/s"
+log "design card: checkpoint kimi-k2-width, $LAYERS layers"
+[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+
+LEFT=$(( DEADLINE - ($(date +%s) - START) ))
+log "design card: sweep at tp 1 for at most ${LEFT}s, conc $CONC, one wave per level"
+timeout --signal=TERM --kill-after=20 "$LEFT" k2bench sweep --engine bundled --model "$CKPT" --tp 1 \
+  --server-args "--device cuda --max-num-seqs 128 --max-model-len 9600 --kv-cache-memory 16" \
+  --isl 8192 --osl 1024 --conc "$CONC" --num-prompts 1x --warmup 0 --ready-timeout 300 \
+  --db "sqlite:///$WORK/k2bench.db" --json "$OUT/card_sweep.json" --hardware "1x NVIDIA H200" \
+  --tag purpose=design-card --eval none 2>&1 | tail -25 | tee -a "$OUT/run.log"
+if [ ! -f "$OUT/card_sweep.json" ]; then  # interrupted before its JSON: export what the store kept
+  k2bench export 1 --db "sqlite:///$WORK/k2bench.db" --json "$OUT/card_sweep.json" 2>&1 | tee -a "$OUT/run.log"
+fi
+if [ -f "$OUT/card_sweep.json" ]; then
+  python3 bench/decode_roofline.py --model "$CKPT" --tp 1 --run "$OUT/card_sweep.json" --bandwidth-gbs "$BW" \
+    --out "$OUT/card_roofline.json" | tee -a "$OUT/run.log"
+fi
+log "design card: done"
