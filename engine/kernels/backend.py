@@ -77,6 +77,21 @@ class KernelBackend(Protocol):
         all-reduce)."""
         ...
 
+    def dense_mlp(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor | None,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor | None,
+        *,
+        a4w4: bool = False,
+    ) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) of one SwiGLU MLP on every token (a dense layer's MLP, the shared
+        experts): w13 [2L, H] holds the gate rows then the up rows, w2 [H, L]; each is a float weight or
+        packed MXFP4 with its scales, as in `linear` (no all-reduce)."""
+        ...
+
     def route_experts(
         self, scores: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int, topk_group: int,
         renormalize: bool, scale: float,

@@ -58,6 +58,10 @@ class TorchBackend:
             x = fake_quantize_mxfp4(x)
         return F.linear(x, w)
 
+    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+        gate, up = self.linear(x, w13, w13_scale, a4w4=a4w4).chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, w2, w2_scale, a4w4=a4w4)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
         if residual is None:
             return rms_norm_reference(x, weight, eps)

@@ -31,6 +31,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from k2bench.engine.kernels.backend import AttentionPlan, BackendError
 from k2bench.engine.kernels.moe_fast_layout import (
+    CHUNK,
     FastExperts,
     NanScaleError,
     ScaleRangeError,
@@ -39,7 +40,7 @@ from k2bench.engine.kernels.moe_fast_layout import (
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
-from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
+from k2bench.engine.kernels.triton_moe_fast import fast_config, fused_moe_fast
 from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.kernels.triton_routing import route_experts
@@ -236,6 +237,8 @@ class TritonBackend(TorchBackend):
         # ("dot_scaled", "dequant") on the checkpoint layout; None: "fast" on an NVIDIA GPU without FP4 units
         self.moe_variant: str | None = None
         self._fast: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # by id(w13), checked by ref
+        self._dense: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # dense MLPs as one expert
+        self._one_expert: tuple[torch.Tensor, torch.Tensor] | None = None  # ids 0 / weights 1 per token
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
@@ -289,6 +292,51 @@ class TritonBackend(TorchBackend):
                 return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4)
             variant = "dot_scaled"
         return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant)
+
+    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+        """Below DEQUANT_MIN_M rows on the fast variant, the MLP runs as a one-expert fused MoE: the fast
+        layout's decode instead of dot_scaled's, and no bf16 round trip of gate/up between the GEMMs.
+        Larger batches (prefill) dequantise for cuBLAS through `linear`, as before."""
+        rows = x.numel() // x.shape[-1]
+        if w13_scale is None or w2_scale is None or rows == 0 or rows >= DEQUANT_MIN_M \
+                or self._moe_variant(x.device) != "fast":
+            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        fast = self._dense_experts(w13, w13_scale, w2, w2_scale)
+        if fast is None:
+            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        ids, weights = self._one_expert_routing(rows, x.device)
+        x2 = x.reshape(rows, x.shape[-1])
+        cfg = fast_config(rows, 1)
+        # one expert gives few programs (e.g. 32 x 64-row tiles for a 2048-wide shared expert): split K
+        # so the GPU's SMs all stream weights
+        blocks = triton.cdiv(rows, cfg.block_m)
+        split1 = auto_split_k(blocks * triton.cdiv(fast.inter, cfg.block_n), triton.cdiv(fast.hidden, CHUNK))
+        split2 = auto_split_k(blocks * triton.cdiv(fast.hidden, cfg.block_n), triton.cdiv(fast.inter, CHUNK))
+        y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, config=cfg, split_k=split1, down_split_k=split2)
+        return y.reshape(*x.shape[:-1], fast.hidden)
+
+    def _dense_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
+        """The fast layout of one dense MLP (as a stack of one expert), built on its first call; None where
+        its scales do not fit that layout."""
+        hit = self._dense.get(id(w13))
+        if hit is not None and hit[0]() is w13:
+            return hit[1]
+        try:
+            fast = relayout_experts(w13[None], w13_scale[None], w2[None], w2_scale[None])
+        except NanScaleError as exc:
+            raise BackendError(f"MXFP4 MLP: {exc}") from exc
+        except ScaleRangeError:
+            fast = None
+        self._dense[id(w13)] = (weakref.ref(w13), fast)
+        return fast
+
+    def _one_expert_routing(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert 0 with weight 1 for `rows` tokens: views of buffers made once (no kernel per call)."""
+        if self._one_expert is None or self._one_expert[0].device != device:
+            self._one_expert = (torch.zeros(DEQUANT_MIN_M, 1, dtype=torch.int64, device=device),
+                                torch.ones(DEQUANT_MIN_M, 1, dtype=torch.float32, device=device))
+        ids, weights = self._one_expert
+        return ids[:rows], weights[:rows]
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """Prefill chunks are listed (with their cache slots); decodes stay tensors for the paged kernel."""

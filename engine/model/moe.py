@@ -43,8 +43,8 @@ class DenseMLP(nn.Module):
         yield from self.down.specs(f"{self.prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        y = self.down(F.silu(gate) * up)
+        gu, down = self.gate_up, self.down
+        y = self.par.backend.dense_mlp(x, gu.weight, gu.weight_scale, down.weight, down.weight_scale, a4w4=self.par.a4w4)
         return self.par.all_reduce(y) if self.reduce else y
 
 
