@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
 from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
@@ -92,6 +93,17 @@ def _load_w(w_rows, s_rows, rn, ok):
 
 
 @triton.jit
+def _load_w_desc(w_desc, s_desc, w_row, BN: tl.constexpr):
+    """`_load_w` through tensor descriptors (TMA on Hopper, so Triton's pipeliner keeps `num_stages`
+    chunks in flight): w_row is the tile's first row in the [rows, 32] byte view; its BN scale pairs are
+    BN * 2 contiguous bytes, read as [BN / 8, 16] (a copy's row must span 16 bytes) and split."""
+    p = w_desc.load([w_row, 0])
+    s = tl.reshape(s_desc.load([w_row // 8, 0]), (BN, 2))
+    s_lo, s_hi = tl.split(s)
+    return p, s_lo, s_hi
+
+
+@triton.jit
 def _load_x(x_ptrs, x_ok, kc, K):
     """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K)."""
     rj = tl.arange(0, 32)
@@ -130,7 +142,7 @@ def _fast_gate_up(
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
@@ -162,26 +174,37 @@ def _fast_gate_up(
     else:
         k_lo = 0
         k_hi = K
-    g_e = w_ptr + expert * s_we
-    u_e = g_e + L * 32
-    gs_e = s_ptr + expert * s_se
-    us_e = gs_e + L * 2
+    if DESC:  # w_ptr / s_ptr are descriptors over [rows, 32] bytes / [rows / 8, 16] scale bytes
+        g_row = (expert * (s_we // 32)).to(tl.int32) + pid_n * BN
+    else:
+        g_e = w_ptr + expert * s_we
+        u_e = g_e + L * 32
+        gs_e = s_ptr + expert * s_se
+        us_e = gs_e + L * 2
     if PREFETCH:
-        ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
-        nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
+        if not DESC:
+            ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
+            nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
         nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
-            pg, sgl, sgh, pu, sul, suh, xl, xh = ng, ngl, ngh, nu, nul, nuh, nxl, nxh
+            xl, xh = nxl, nxh
             kn = kc + 64
-            more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
-            ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
-            nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
             nxl, nxh = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+            if not DESC:
+                pg, sgl, sgh, pu, sul, suh = ng, ngl, ngh, nu, nul, nuh
+                more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
+                ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
+                nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
         else:
-            pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
-            pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
             xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+            if not DESC:
+                pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
+                pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
+        if DESC:
+            row = g_row + (kc // 64) * (s_wc // 32)
+            pg, sgl, sgh = _load_w_desc(w_ptr, s_ptr, row, BN)
+            pu, sul, suh = _load_w_desc(w_ptr, s_ptr, row + L, BN)
         acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN)
         acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
@@ -203,7 +226,7 @@ def _fast_down(
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -228,20 +251,30 @@ def _fast_down(
     else:
         k_lo = 0
         k_hi = K
-    w_e = w_ptr + expert * s_we
-    s_e = s_ptr + expert * s_se
+    if DESC:
+        w_row = (expert * (s_we // 32)).to(tl.int32) + pid_n * BN
+    else:
+        w_e = w_ptr + expert * s_we
+        s_e = s_ptr + expert * s_se
     if PREFETCH:
-        nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
+        if not DESC:
+            nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
         nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
-            pw, sl, sh, hl, hh = nw, nsl, nsh, nhl, nhh
+            hl, hh = nhl, nhh
             kn = kc + 64
-            nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn, rn < tl.where(kn < k_hi, N, 0))
             nhl, nhh = _load_x(h_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+            if not DESC:
+                pw, sl, sh = nw, nsl, nsh
+                nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn,
+                                       rn < tl.where(kn < k_hi, N, 0))
         else:
-            pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
             hl, hh = _load_x(h_ptrs, h_ok, kc, K)
+            if not DESC:
+                pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
+        if DESC:
+            pw, sl, sh = _load_w_desc(w_ptr, s_ptr, w_row + (kc // 64) * (s_wc // 32), BN)
         acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc = tl.trans(acc)
@@ -260,7 +293,8 @@ class FastConfig:
     num_stages: int
     swap: bool
     asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
-    prefetch: bool = True  # the next 64-wide chunk's loads in flight during this one's math
+    prefetch: bool = True  # the next 64-wide chunk's register loads in flight during this one's math
+    desc: bool = False  # weights and scales through tensor descriptors (TMA), pipelined num_stages deep
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
@@ -272,8 +306,8 @@ class FastConfig:
 # - prefill (8192 tokens): 64 x 64 swapped with the prefetch 29.7 ms (128 x 128 plain 29.7, dot_scaled
 #   32.7, 64 x 128 plain 83.2).
 # - in between (16-128 pairs per expert): 32-token blocks on the decode tiles; not measured.
-DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
-BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
+DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 PREFILL_CONFIG = FastConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=True)
 PREFILL_PAIRS_PER_EXPERT = 128
 
@@ -283,6 +317,19 @@ def fast_config(num_pairs: int, num_experts: int) -> FastConfig:
     if per_expert >= PREFILL_PAIRS_PER_EXPERT:
         return PREFILL_CONFIG
     return DECODE_CONFIG if per_expert <= 16 else BATCHED_CONFIG
+
+
+def _descriptors(experts: FastExperts, block_n: int) -> tuple[TensorDescriptor, ...]:
+    """Tensor descriptors of the fast layout's four stacks: weight bytes as [rows, 32] (a tile is block_n
+    rows of one chunk) and scales as [rows / 8, 16] (a tile's block_n pairs are block_n / 8 such rows)."""
+    if block_n % 8 or experts.inter % 8 or experts.hidden % 8:
+        raise ValueError(f"descriptor loads need block_n, inter and hidden divisible by 8; got {block_n}, "
+                         f"{experts.inter}, {experts.hidden}")
+    out = []
+    for w, s in ((experts.w13, experts.s13), (experts.w2, experts.s2)):
+        out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
+        out.append(TensorDescriptor.from_tensor(s.view(-1, 16), [block_n // 8, 16]))
+    return tuple(out)
 
 
 def fused_moe_fast(
@@ -323,6 +370,8 @@ def fused_moe_fast(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+    if cfg.desc:
+        w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
     xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
     if split1 > 1:
@@ -337,8 +386,8 @@ def fused_moe_fast(
     _fast_gate_up[(num_blocks, triton.cdiv(inter, cfg.block_n), split1)](
         xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
         pairs, topk, inter, hidden, ksplit1,
-        xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        xa.stride(0), *experts.w13.stride()[:2], *experts.s13.stride()[:2], s_hp, s_hs,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split1 > 1:
@@ -356,8 +405,8 @@ def fused_moe_fast(
     _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
         h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
         pairs, hidden, inter, ksplit2,
-        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        h.stride(0), *experts.w2.stride()[:2], *experts.s2.stride()[:2], y.stride(1), y.stride(0),
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split2 > 1:
