@@ -40,6 +40,7 @@ DECODE_SWEEP = [
     (16, 128, 4, 4, True, True, True, True, 1), (16, 128, 8, 4, True, True, True, True, 1),
     (16, 128, 8, 6, True, True, True, True, 1), (16, 64, 4, 4, True, True, True, True, 2),
     (16, 64, 4, 4, True, False, True, True, 1), (32, 64, 4, 4, True, True, True, True, 1),
+    (16, 64, 4, 8, True, True, True, True, 1), (16, 64, 4, 4, True, True, True, True, 4),
 ]
 PREFILL_SWEEP = [
     (64, 64, 4, 3, True, True, True, False, 1), (64, 64, 4, 3, True, True, True, True, 1),
