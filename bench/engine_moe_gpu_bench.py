@@ -34,18 +34,14 @@ E, H, TOPK = 384, 7168, 8
 # and scales through tensor descriptors (TMA), pipelined num_stages deep. 256 weight rows per program
 # (16x256, 8 warps, swapped, pointer loads) stopped an H200 run with a misaligned-address fault; not swept.
 DECODE_SWEEP = [
-    (16, 64, 4, 3, True, True, False, False, 1), (16, 64, 4, 3, True, True, False, True, 1),
-    (16, 64, 4, 3, True, True, True, True, 1), (16, 64, 4, 4, True, True, True, True, 1),
-    (16, 64, 4, 6, True, True, True, True, 1), (16, 64, 4, 6, True, True, False, True, 1),
-    (16, 128, 4, 4, True, True, True, True, 1), (16, 128, 8, 4, True, True, True, True, 1),
-    (16, 128, 8, 6, True, True, True, True, 1), (16, 64, 4, 4, True, True, True, True, 2),
-    (16, 64, 4, 4, True, False, True, True, 1), (32, 64, 4, 4, True, True, True, True, 1),
-    (16, 64, 4, 8, True, True, True, True, 1), (16, 64, 4, 4, True, True, True, True, 4),
+    (16, 64, 4, 3, True, True, False, False, 1), (16, 64, 4, 4, True, True, True, True, 1),
+    (16, 128, 4, 3, True, True, True, True, 1), (16, 128, 4, 6, True, True, True, True, 1),
+    (16, 128, 4, 4, True, True, False, True, 1), (16, 128, 4, 4, True, True, True, True, 2),
+    (32, 128, 4, 4, True, True, True, True, 1), (16, 128, 4, 4, True, False, True, True, 1),
 ]
 PREFILL_SWEEP = [
-    (64, 64, 4, 3, True, True, True, False, 1), (64, 64, 4, 3, True, True, True, True, 1),
-    (64, 64, 4, 4, True, True, False, True, 1), (64, 128, 8, 3, True, True, True, True, 1),
-    (64, 128, 8, 4, True, True, False, True, 1), (128, 128, 8, 3, False, True, True, False, 1),
+    (64, 64, 4, 3, True, True, True, False, 1), (64, 64, 4, 4, True, True, False, True, 1),
+    (64, 128, 8, 3, True, True, False, True, 1), (64, 128, 8, 5, True, True, False, True, 1),
 ]
 
 

@@ -7,11 +7,15 @@ through an upcast, a scale broadcast, a multiply, a NaN select and a layout conv
 (bench/results/2026-11-30_h200_engine).
 
 On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
-bytes into the 16-bit lanes of a word, shifts and masks place both lanes' bits, one bf16x2 multiply
-applies the scale), about 3 instructions per value; `asm=False` keeps the per-element Triton form.
-The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers,
-the wgmma A operand) and the block's tokens on the N side (`swap=True`); `swap=False` is the usual
-orientation. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
+bytes into the 16-bit lanes of a word; per nibble half a mask, an integer multiply that places the
+sign and the magnitude at once, a mask and one bf16x2 multiply by the scale), 2.25 instructions per
+value; `asm=False` keeps the per-element Triton form. The GEMMs put expert weight rows on the MMA's M
+side (64 rows per wgmma tile, decoded in registers, the wgmma A operand) and the block's tokens on the
+N side (`swap=True`); `swap=False` is the usual orientation. With `desc`, weights and scales come
+through tensor descriptors (TMA on Hopper): Triton's pipeliner then keeps `num_stages` chunks in
+flight in shared memory and reads them straight into the wgmma operand layout, where pointer loads
+get no asynchronous copies (their values reach the MMA through the inline asm) and go through
+registers, shared memory and back. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
 float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
 summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
 so whose float32 result, changes from run to run).
@@ -53,33 +57,38 @@ def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
     return bits.to(tl.bfloat16, bitcast=True) * (e << 7).to(tl.bfloat16, bitcast=True)[:, None]
 
 
-# The same decode on packed registers (CUDA sm_90+): 4 bytes in, both nibble halves out as bf16x2 pairs.
-# prmt spreads bytes (b0, b1) and (b2, b3) into the two 16-bit lanes of a word; then per lane the shifts
-# and masks of `e2m1_decode_half` and one bf16x2 multiply by the scale: about 3 instructions per value
-# where the per-element form takes a widening, the bit ops and a float multiply each.
+# The same decode on packed registers (CUDA sm_90+): 2 bytes in, both nibble halves out as bf16x2 pairs.
+# prmt spreads bytes b0, b1 into the two 16-bit lanes of a word. Per half, the nibble is masked out
+# (bits 0-3 or 4-7 of each lane) and multiplied by 2^6 + 2^12 (or 2^2 + 2^8): the two shifted copies
+# do not overlap, one puts the magnitude at bits 6-8, the other the sign at bit 15, and a mask drops
+# the rest. Then one bf16x2 multiply by the scale: 9 SASS instructions per 4 values (the shift-and-or form
+# of `e2m1_decode_half` took 11, the per-element form a widening, the bit ops and a multiply each). The
+# 16-bit operand lets ptxas keep the pair as loaded from shared memory (a 4-byte operand cost three
+# byte permutes per pair to assemble, counted in the sm_90 SASS).
 _DECODE_PTX = tl.constexpr("""{
-.reg .b32 a, b, t, u;
-prmt.b32 a, $4, 0, 0x4140;
-prmt.b32 b, $4, 0, 0x4342;
-shl.b32 t, a, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $0, t, $5;
-shl.b32 t, b, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $1, t, $6;
-shl.b32 t, a, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $2, t, $7;
-shl.b32 t, b, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $3, t, $8;
+.reg .b32 a, t;
+cvt.u32.u16 a, $2;
+prmt.b32 a, a, 0, 0x4140;
+and.b32 t, a, 0x000F000F;
+mul.lo.u32 t, t, 0x1040;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $0, t, $3;
+and.b32 t, a, 0x00F000F0;
+mul.lo.u32 t, t, 0x104;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $1, t, $4;
 }""")
 
 
 @triton.jit
 def e2m1_decode_packed(p, s_lo, s_hi, BN: tl.constexpr):
-    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm)."""
+    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm).
+    Each element keeps its own scale, so the result does not depend on how Triton lays the tile out."""
     sc_lo = tl.broadcast_to(((s_lo.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
     sc_hi = tl.broadcast_to(((s_hi.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
     return tl.inline_asm_elementwise(
-        _DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc_lo, sc_hi],
-        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+        _DECODE_PTX, "=r,=r,h,r,r", [p, sc_lo, sc_hi],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2,
     )
 
 
@@ -298,17 +307,18 @@ class FastConfig:
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
-# (bench/results/2026-12-01_h200_moe, E=384, H=7168, L=2048, A4W4, CUDA-graph replays):
-# - decode: 16 tokens per block on the MMA's narrow side, 64 weight rows (one warp group) on its wide
-#   side, packed decode, no prefetch: 0.516 / 2.505 / 4.746 ms at 4 / 32 / 128 tokens, against 0.548 /
-#   2.797 / 5.338 with the prefetch, 0.605 / 3.158 / 6.029 with the per-element decode, and 0.824 /
-#   3.905 / 7.517 for the checkpoint layout through tl.dot_scaled; 8 warps on 64 rows took twice as long.
-# - prefill (8192 tokens): 64 x 64 swapped with the prefetch 29.7 ms (128 x 128 plain 29.7, dot_scaled
-#   32.7, 64 x 128 plain 83.2).
-# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles; not measured.
-DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
-BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
-PREFILL_CONFIG = FastConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=True)
+# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3):
+# - decode: 16 tokens per block on the MMA's narrow side, 128 weight rows (two 64-row wgmma tiles of one
+#   warp group) on its wide side, weights and scales through descriptors 4 stages deep, activations
+#   prefetched a chunk ahead. With the previous decode, 0.488 / 2.269 / 4.425 ms at 4 / 32 / 128 tokens
+#   against 0.507 / 2.494 / 4.733 for the pointer loads on 64 rows; 8 warps on 128 rows, 32-token blocks,
+#   split-K and deeper pipelines (6, 8 stages) were all slower.
+# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 22.9 ms
+#   against 29.1 for the pointer loads on 64 x 64 (dot_scaled 32.8).
+# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles.
+DECODE_CONFIG = FastConfig(block_m=16, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, swap=True, prefetch=False, desc=True)
 PREFILL_PAIRS_PER_EXPERT = 128
 
 

@@ -88,7 +88,7 @@ def test_dispatch_by_pairs_per_expert():
     assert fast_config(4 * 8, 384).swap and fast_config(4 * 8, 384).block_m == 16  # decode
     assert fast_config(128 * 8, 384).block_m == 16  # 2.7 pairs per expert: still decode tiles
     assert fast_config(128 * 8, 384).desc
-    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).prefetch  # prefill
+    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).desc  # prefill
 
 
 CHILD = r"""
