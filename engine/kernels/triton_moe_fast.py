@@ -310,12 +310,14 @@ class FastConfig:
 # (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3):
 # - decode: 16 tokens per block on the MMA's narrow side, 128 weight rows (two 64-row wgmma tiles of one
 #   warp group) on its wide side, weights and scales through descriptors 4 stages deep, activations
-#   prefetched a chunk ahead. With the previous decode, 0.488 / 2.269 / 4.425 ms at 4 / 32 / 128 tokens
-#   against 0.507 / 2.494 / 4.733 for the pointer loads on 64 rows; 8 warps on 128 rows, 32-token blocks,
-#   split-K and deeper pipelines (6, 8 stages) were all slower.
-# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 22.9 ms
-#   against 29.1 for the pointer loads on 64 x 64 (dot_scaled 32.8).
-# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles.
+#   prefetched a chunk ahead: 0.368 / 1.768 / 3.470 ms at 4 / 32 / 128 tokens (2.1x / 1.7x / 1.7x the
+#   byte floor), against 0.442 / 2.018 / 3.810 for pointer loads on 64 rows with the same decode, 0.561 /
+#   2.675 / 5.246 with the per-element decode; 3 or 6 stages within 2%, 32-token blocks and split-K
+#   slower, 8 warps on 128 rows slower (first call, previous decode).
+# - in between (16-128 pairs per expert): 32-token blocks, 4.90 ms at 1024 tokens against 6.67 for the
+#   decode tiles.
+# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 20.0 ms
+#   (288 TFLOP/s) against 29.4 for pointer loads on 64 x 64 and 33.0 for tl.dot_scaled.
 DECODE_CONFIG = FastConfig(block_m=16, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 BATCHED_CONFIG = FastConfig(block_m=32, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, swap=True, prefetch=False, desc=True)
