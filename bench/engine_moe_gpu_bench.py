@@ -30,17 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, split_k). 256 weight rows per
-# program (16x256, 8 warps, swapped) stopped the first H200 run with a misaligned-address fault; not swept.
+# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, split_k): desc = weights
+# and scales through tensor descriptors (TMA), pipelined num_stages deep. 256 weight rows per program
+# (16x256, 8 warps, swapped, pointer loads) stopped an H200 run with a misaligned-address fault; not swept.
 DECODE_SWEEP = [
-    (16, 64, 4, 3, True, False, True, 1), (16, 64, 4, 3, True, True, False, 1), (16, 64, 4, 3, True, False, False, 1),
-    (16, 128, 4, 3, True, True, True, 1), (16, 128, 8, 3, True, True, True, 1), (16, 64, 8, 3, True, True, True, 1),
-    (16, 64, 4, 3, False, True, True, 1), (32, 64, 4, 3, True, True, True, 1), (16, 64, 4, 3, True, True, True, 2),
-    (16, 64, 4, 3, True, True, True, 4),
+    (16, 64, 4, 3, True, True, False, False, 1), (16, 64, 4, 4, True, True, True, True, 1),
+    (16, 128, 4, 3, True, True, True, True, 1), (16, 128, 4, 6, True, True, True, True, 1),
+    (16, 128, 4, 4, True, True, False, True, 1), (16, 128, 4, 4, True, True, True, True, 2),
+    (32, 128, 4, 4, True, True, True, True, 1), (16, 128, 4, 4, True, False, True, True, 1),
 ]
 PREFILL_SWEEP = [
-    (64, 128, 8, 3, False, False, True, 1), (64, 128, 8, 3, False, True, False, 1), (128, 128, 8, 3, False, True, True, 1),
-    (64, 128, 8, 3, True, True, True, 1), (128, 64, 4, 3, False, True, True, 1), (64, 64, 4, 3, True, True, True, 1),
+    (64, 64, 4, 3, True, True, True, False, 1), (64, 64, 4, 4, True, True, False, True, 1),
+    (64, 128, 8, 3, True, True, False, True, 1), (64, 128, 8, 5, True, True, False, True, 1),
 ]
 
 
@@ -48,6 +49,11 @@ def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), dtype=torch.uint8, device="cuda")
     s = torch.randint(118, 122, (*shape[:-1], shape[-1] // 32), dtype=torch.uint8, device="cuda")
     return w, s
+
+
+def describe(cfg: FastConfig) -> str:
+    return (f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} {'swap' if cfg.swap else 'plain'} "
+            f"{'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} {'desc' if cfg.desc else 'ptr'}")
 
 
 def graph_time_ms(fn, reps: int) -> float:
@@ -107,27 +113,26 @@ def main() -> int:
         ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled").float()
         auto = fast_config(T * TOPK, E)
         sweep = (PREFILL_SWEEP if T * TOPK >= 128 * E else DECODE_SWEEP) if args.sweep else []
-        runs = [("dot_scaled", None, 1), ("fast", None, 1)] + [("fast", FastConfig(*c[:7]), c[7]) for c in sweep]
+        runs = [("dot_scaled", None, 1), ("fast", None, 1)] + [("fast", FastConfig(*c[:8]), c[8]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")
             else:
                 fn = partial(fused_moe_fast, x, ids, wts, fast, a4w4=True, config=cfg, split_k=split)
-            label = name if cfg is None else f"fast {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} " \
-                f"{'swap' if cfg.swap else 'plain'} {'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} split{split}"
+            label = name if cfg is None else f"fast {describe(cfg)} split{split}"
             if name == "fast" and cfg is None:
-                label = f"fast (dispatch {auto.block_m}x{auto.block_n} {'swap' if auto.swap else 'plain'})"
+                label = f"fast (dispatch {describe(auto)})"
             try:
                 err = float((fn().float() - ref).abs().max() / ref.abs().max())
                 ms = graph_time_ms(fn, args.reps)
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result
                 rows.append({"T": T, "config": label, "error": str(exc)[:300]})
-                print(f"T={T:>5} {label:<48} FAILED {str(exc)[:100]}", flush=True)
+                print(f"T={T:>5} {label:<56} FAILED {str(exc)[:100]}", flush=True)
                 continue
             row = {"T": T, "config": label, "ms": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                    "tflops": flops / ms / 1e9, "experts_touched": touched, "rel_diff_vs_dot_scaled": err}
             rows.append(row)
-            print(f"T={T:>5} {label:<48} {ms:8.3f} ms  floor {floor_ms:6.3f}  x{ms / floor_ms:5.2f}  "
+            print(f"T={T:>5} {label:<56} {ms:8.3f} ms  floor {floor_ms:6.3f}  x{ms / floor_ms:5.2f}  "
                   f"{row['tflops']:6.1f} TFLOP/s  diff {err:.1e}", flush=True)
         if args.profile:
             prof = kernel_profile(partial(fused_moe_fast, x, ids, wts, fast, a4w4=True))

@@ -2,7 +2,8 @@
 # The routed-expert MoE on one GPU, in one device call: the GPU tests, the MoE kernels alone
 # (bench/engine_moe_gpu_bench.py: checkpoint layout against the fast layout, tile sweep, byte floor),
 # then the decode steps of bench/engine_gpu_bench.py on a Kimi-K2.5-width checkpoint.
-#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=1] [SWEEP=1] [MOE_TOKENS=4,32,128,8192] bash bench/gpu_moe.sh
+#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=1] [TEST_FILES="..."] [SWEEP=1] [MOE_TOKENS=4,32,128,8192] bash bench/gpu_moe.sh
+# TEST_FILES narrows the GPU tests (default: all of bench/gpu_setup.sh's GPU_TESTS).
 set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
@@ -13,7 +14,7 @@ CKPT=/tmp/k2-width-$LAYERS
 
 if [ "${TESTS:-1}" = 1 ]; then
   log "gpu tests"
-  timeout 200 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider \
+  timeout 200 python3 -m pytest -q -m gpu ${TEST_FILES:-$GPU_TESTS} -p no:cacheprovider \
     >"$OUT/pytest_gpu.log" 2>&1
   tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
 fi

@@ -7,11 +7,15 @@ through an upcast, a scale broadcast, a multiply, a NaN select and a layout conv
 (bench/results/2026-11-30_h200_engine).
 
 On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
-bytes into the 16-bit lanes of a word, shifts and masks place both lanes' bits, one bf16x2 multiply
-applies the scale), about 3 instructions per value; `asm=False` keeps the per-element Triton form.
-The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers,
-the wgmma A operand) and the block's tokens on the N side (`swap=True`); `swap=False` is the usual
-orientation. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
+bytes into the 16-bit lanes of a word; per nibble half a mask, an integer multiply that places the
+sign and the magnitude at once, a mask and one bf16x2 multiply by the scale), 2.25 instructions per
+value; `asm=False` keeps the per-element Triton form. The GEMMs put expert weight rows on the MMA's M
+side (64 rows per wgmma tile, decoded in registers, the wgmma A operand) and the block's tokens on the
+N side (`swap=True`); `swap=False` is the usual orientation. With `desc`, weights and scales come
+through tensor descriptors (TMA on Hopper): Triton's pipeliner then keeps `num_stages` chunks in
+flight in shared memory and reads them straight into the wgmma operand layout, where pointer loads
+get no asynchronous copies (their values reach the MMA through the inline asm) and go through
+registers, shared memory and back. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
 float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
 summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
 so whose float32 result, changes from run to run).
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
 from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
@@ -52,33 +57,38 @@ def e2m1_decode_half(p, s, HIGH: tl.constexpr, INTERPRET: tl.constexpr):
     return bits.to(tl.bfloat16, bitcast=True) * (e << 7).to(tl.bfloat16, bitcast=True)[:, None]
 
 
-# The same decode on packed registers (CUDA sm_90+): 4 bytes in, both nibble halves out as bf16x2 pairs.
-# prmt spreads bytes (b0, b1) and (b2, b3) into the two 16-bit lanes of a word; then per lane the shifts
-# and masks of `e2m1_decode_half` and one bf16x2 multiply by the scale: about 3 instructions per value
-# where the per-element form takes a widening, the bit ops and a float multiply each.
+# The same decode on packed registers (CUDA sm_90+): 2 bytes in, both nibble halves out as bf16x2 pairs.
+# prmt spreads bytes b0, b1 into the two 16-bit lanes of a word. Per half, the nibble is masked out
+# (bits 0-3 or 4-7 of each lane) and multiplied by 2^6 + 2^12 (or 2^2 + 2^8): the two shifted copies
+# do not overlap, one puts the magnitude at bits 6-8, the other the sign at bit 15, and a mask drops
+# the rest. Then one bf16x2 multiply by the scale: 9 SASS instructions per 4 values (the shift-and-or form
+# of `e2m1_decode_half` took 11, the per-element form a widening, the bit ops and a multiply each). The
+# 16-bit operand lets ptxas keep the pair as loaded from shared memory (a 4-byte operand cost three
+# byte permutes per pair to assemble, counted in the sm_90 SASS).
 _DECODE_PTX = tl.constexpr("""{
-.reg .b32 a, b, t, u;
-prmt.b32 a, $4, 0, 0x4140;
-prmt.b32 b, $4, 0, 0x4342;
-shl.b32 t, a, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $0, t, $5;
-shl.b32 t, b, 6; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 12; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $1, t, $6;
-shl.b32 t, a, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, a, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $2, t, $7;
-shl.b32 t, b, 2; and.b32 t, t, 0x01C001C0; shl.b32 u, b, 8; and.b32 u, u, 0x80008000; or.b32 t, t, u;
-mul.rn.bf16x2 $3, t, $8;
+.reg .b32 a, t;
+cvt.u32.u16 a, $2;
+prmt.b32 a, a, 0, 0x4140;
+and.b32 t, a, 0x000F000F;
+mul.lo.u32 t, t, 0x1040;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $0, t, $3;
+and.b32 t, a, 0x00F000F0;
+mul.lo.u32 t, t, 0x104;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $1, t, $4;
 }""")
 
 
 @triton.jit
 def e2m1_decode_packed(p, s_lo, s_hi, BN: tl.constexpr):
-    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm)."""
+    """Both halves of `e2m1_decode_half` at once, in inline PTX (GPU only; the interpreter has no asm).
+    Each element keeps its own scale, so the result does not depend on how Triton lays the tile out."""
     sc_lo = tl.broadcast_to(((s_lo.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
     sc_hi = tl.broadcast_to(((s_hi.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)[:, None], (BN, 32))
     return tl.inline_asm_elementwise(
-        _DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc_lo, sc_hi],
-        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+        _DECODE_PTX, "=r,=r,h,r,r", [p, sc_lo, sc_hi],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2,
     )
 
 
@@ -88,6 +98,17 @@ def _load_w(w_rows, s_rows, rn, ok):
     p = tl.load(w_rows + rn[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0)
     s_lo = tl.load(s_rows + rn * 2, mask=ok, other=127)
     s_hi = tl.load(s_rows + rn * 2 + 1, mask=ok, other=127)
+    return p, s_lo, s_hi
+
+
+@triton.jit
+def _load_w_desc(w_desc, s_desc, w_row, BN: tl.constexpr):
+    """`_load_w` through tensor descriptors (TMA on Hopper, so Triton's pipeliner keeps `num_stages`
+    chunks in flight): w_row is the tile's first row in the [rows, 32] byte view; its BN scale pairs are
+    BN * 2 contiguous bytes, read as [BN / 8, 16] (a copy's row must span 16 bytes) and split."""
+    p = w_desc.load([w_row, 0])
+    s = tl.reshape(s_desc.load([w_row // 8, 0]), (BN, 2))
+    s_lo, s_hi = tl.split(s)
     return p, s_lo, s_hi
 
 
@@ -130,7 +151,7 @@ def _fast_gate_up(
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
@@ -162,26 +183,37 @@ def _fast_gate_up(
     else:
         k_lo = 0
         k_hi = K
-    g_e = w_ptr + expert * s_we
-    u_e = g_e + L * 32
-    gs_e = s_ptr + expert * s_se
-    us_e = gs_e + L * 2
+    if DESC:  # w_ptr / s_ptr are descriptors over [rows, 32] bytes / [rows / 8, 16] scale bytes
+        g_row = (expert * (s_we // 32)).to(tl.int32) + pid_n * BN
+    else:
+        g_e = w_ptr + expert * s_we
+        u_e = g_e + L * 32
+        gs_e = s_ptr + expert * s_se
+        us_e = gs_e + L * 2
     if PREFETCH:
-        ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
-        nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
+        if not DESC:
+            ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
+            nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
         nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
-            pg, sgl, sgh, pu, sul, suh, xl, xh = ng, ngl, ngh, nu, nul, nuh, nxl, nxh
+            xl, xh = nxl, nxh
             kn = kc + 64
-            more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
-            ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
-            nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
             nxl, nxh = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+            if not DESC:
+                pg, sgl, sgh, pu, sul, suh = ng, ngl, ngh, nu, nul, nuh
+                more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
+                ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
+                nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
         else:
-            pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
-            pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
             xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+            if not DESC:
+                pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
+                pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
+        if DESC:
+            row = g_row + (kc // 64) * (s_wc // 32)
+            pg, sgl, sgh = _load_w_desc(w_ptr, s_ptr, row, BN)
+            pu, sul, suh = _load_w_desc(w_ptr, s_ptr, row + L, BN)
         acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN)
         acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
@@ -203,7 +235,7 @@ def _fast_down(
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -228,20 +260,30 @@ def _fast_down(
     else:
         k_lo = 0
         k_hi = K
-    w_e = w_ptr + expert * s_we
-    s_e = s_ptr + expert * s_se
+    if DESC:
+        w_row = (expert * (s_we // 32)).to(tl.int32) + pid_n * BN
+    else:
+        w_e = w_ptr + expert * s_we
+        s_e = s_ptr + expert * s_se
     if PREFETCH:
-        nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
+        if not DESC:
+            nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
         nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
-            pw, sl, sh, hl, hh = nw, nsl, nsh, nhl, nhh
+            hl, hh = nhl, nhh
             kn = kc + 64
-            nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn, rn < tl.where(kn < k_hi, N, 0))
             nhl, nhh = _load_x(h_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+            if not DESC:
+                pw, sl, sh = nw, nsl, nsh
+                nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn,
+                                       rn < tl.where(kn < k_hi, N, 0))
         else:
-            pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
             hl, hh = _load_x(h_ptrs, h_ok, kc, K)
+            if not DESC:
+                pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
+        if DESC:
+            pw, sl, sh = _load_w_desc(w_ptr, s_ptr, w_row + (kc // 64) * (s_wc // 32), BN)
         acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN)
     if not SWAP:
         acc = tl.trans(acc)
@@ -260,21 +302,25 @@ class FastConfig:
     num_stages: int
     swap: bool
     asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
-    prefetch: bool = True  # the next 64-wide chunk's loads in flight during this one's math
+    prefetch: bool = True  # the next 64-wide chunk's register loads in flight during this one's math
+    desc: bool = False  # weights and scales through tensor descriptors (TMA), pipelined num_stages deep
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
-# (bench/results/2026-12-01_h200_moe, E=384, H=7168, L=2048, A4W4, CUDA-graph replays):
-# - decode: 16 tokens per block on the MMA's narrow side, 64 weight rows (one warp group) on its wide
-#   side, packed decode, no prefetch: 0.516 / 2.505 / 4.746 ms at 4 / 32 / 128 tokens, against 0.548 /
-#   2.797 / 5.338 with the prefetch, 0.605 / 3.158 / 6.029 with the per-element decode, and 0.824 /
-#   3.905 / 7.517 for the checkpoint layout through tl.dot_scaled; 8 warps on 64 rows took twice as long.
-# - prefill (8192 tokens): 64 x 64 swapped with the prefetch 29.7 ms (128 x 128 plain 29.7, dot_scaled
-#   32.7, 64 x 128 plain 83.2).
-# - in between (16-128 pairs per expert): 32-token blocks on the decode tiles; not measured.
-DECODE_CONFIG = FastConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
-BATCHED_CONFIG = FastConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=False)
-PREFILL_CONFIG = FastConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, swap=True, prefetch=True)
+# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3):
+# - decode: 16 tokens per block on the MMA's narrow side, 128 weight rows (two 64-row wgmma tiles of one
+#   warp group) on its wide side, weights and scales through descriptors 4 stages deep, activations
+#   prefetched a chunk ahead: 0.368 / 1.768 / 3.470 ms at 4 / 32 / 128 tokens (2.1x / 1.7x / 1.7x the
+#   byte floor), against 0.442 / 2.018 / 3.810 for pointer loads on 64 rows with the same decode, 0.561 /
+#   2.675 / 5.246 with the per-element decode; 3 or 6 stages within 2%, 32-token blocks and split-K
+#   slower, 8 warps on 128 rows slower (first call, previous decode).
+# - in between (16-128 pairs per expert): 32-token blocks, 4.90 ms at 1024 tokens against 6.67 for the
+#   decode tiles.
+# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 20.0 ms
+#   (288 TFLOP/s) against 29.4 for pointer loads on 64 x 64 and 33.0 for tl.dot_scaled.
+DECODE_CONFIG = FastConfig(block_m=16, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
+BATCHED_CONFIG = FastConfig(block_m=32, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
+PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, swap=True, prefetch=False, desc=True)
 PREFILL_PAIRS_PER_EXPERT = 128
 
 
@@ -283,6 +329,19 @@ def fast_config(num_pairs: int, num_experts: int) -> FastConfig:
     if per_expert >= PREFILL_PAIRS_PER_EXPERT:
         return PREFILL_CONFIG
     return DECODE_CONFIG if per_expert <= 16 else BATCHED_CONFIG
+
+
+def _descriptors(experts: FastExperts, block_n: int) -> tuple[TensorDescriptor, ...]:
+    """Tensor descriptors of the fast layout's four stacks: weight bytes as [rows, 32] (a tile is block_n
+    rows of one chunk) and scales as [rows / 8, 16] (a tile's block_n pairs are block_n / 8 such rows)."""
+    if block_n % 8 or experts.inter % 8 or experts.hidden % 8:
+        raise ValueError(f"descriptor loads need block_n, inter and hidden divisible by 8; got {block_n}, "
+                         f"{experts.inter}, {experts.hidden}")
+    out = []
+    for w, s in ((experts.w13, experts.s13), (experts.w2, experts.s2)):
+        out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
+        out.append(TensorDescriptor.from_tensor(s.view(-1, 16), [block_n // 8, 16]))
+    return tuple(out)
 
 
 def fused_moe_fast(
@@ -323,6 +382,8 @@ def fused_moe_fast(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+    if cfg.desc:
+        w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
     xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
     if split1 > 1:
@@ -337,8 +398,8 @@ def fused_moe_fast(
     _fast_gate_up[(num_blocks, triton.cdiv(inter, cfg.block_n), split1)](
         xa, w13, s13, h_buf, align.sorted_pairs, align.block_experts,
         pairs, topk, inter, hidden, ksplit1,
-        xa.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), s_hp, s_hs,
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        xa.stride(0), *experts.w13.stride()[:2], *experts.s13.stride()[:2], s_hp, s_hs,
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split1 > 1:
@@ -356,8 +417,8 @@ def fused_moe_fast(
     _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
         h, w2, s2, y, align.sorted_pairs, align.block_experts, route_w,
         pairs, hidden, inter, ksplit2,
-        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
-        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
+        h.stride(0), *experts.w2.stride()[:2], *experts.s2.stride()[:2], y.stride(1), y.stride(0),
+        SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
     if split2 > 1:

@@ -87,8 +87,8 @@ def test_relayout_refuses_scales_it_cannot_hold():
 def test_dispatch_by_pairs_per_expert():
     assert fast_config(4 * 8, 384).swap and fast_config(4 * 8, 384).block_m == 16  # decode
     assert fast_config(128 * 8, 384).block_m == 16  # 2.7 pairs per expert: still decode tiles
-    assert not fast_config(128 * 8, 384).prefetch
-    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).prefetch  # prefill
+    assert fast_config(128 * 8, 384).desc
+    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).desc  # prefill
 
 
 CHILD = r"""
@@ -131,7 +131,8 @@ from moe_reference import make, reference, routing
 configs = {"auto": None,
            "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
            "plain_bn32": FastConfig(16, 32, 4, 3, False),
-           "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False)}
+           "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False),
+           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True)}
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
@@ -202,7 +203,7 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 5 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32"}
+    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -217,7 +218,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch"])
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -279,7 +280,8 @@ def test_fast_moe_on_cuda_without_host_sync(config):
     kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 8, 3, False)},
           "split": {"split_k": 4, "down_split_k": 2},
           "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
-          "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)}}[config]
+          "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)},
+          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
