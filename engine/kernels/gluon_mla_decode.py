@@ -16,8 +16,10 @@ times both effects). Here the layouts and the pipeline are written out:
 - output [64, 512] float32 on a [4, 2] grid: each warpgroup accumulates 256 of the latent columns;
 - NBUF shared buffers of [BLOCK_N, 512 + 64] filled by cp.async: the copy of tile t + NBUF - 1 is
   issued at the top of iteration t, so it runs under that iteration's products and softmax; the block
-  table entries for a copy are loaded one iteration before it (their latency hides too).
-The query (72 KiB) and two 64-token buffers (144 KiB) fill the shared memory of one H200 SM.
+  table entries for a copy are loaded one iteration before it (their latency hides too);
+- with PREFETCH, the tile after that is asked into L2 (`prefetch.global.L2`) under the output
+  product: the query (72 KiB) and two 64-token buffers (144 KiB) fill an SM's shared memory, so one
+  tile at a time is in flight to it, and the L2 hint puts a second tile's bytes on the way.
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ def _copy_tile(lat_buf, pe_buf, kv_ptr, blk_l, blk_p, first, end, s_kvb, s_kvt,
 
 
 @gluon.jit
+def _prefetch_l2(kv_ptr, blk, first, s_kvb, s_kvt, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                 ROW_BYTES: gl.constexpr, PF_L: gl.constexpr):
+    """Ask L2 for every 128-byte line of a tile's rows (a hint: nothing waits for it, no shared memory)."""
+    LINES: gl.constexpr = ROW_BYTES // 128
+    tok = first + gl.arange(0, BLOCK_N, gl.SliceLayout(1, PF_L))
+    line = gl.minimum(gl.arange(0, 16, gl.SliceLayout(0, PF_L)), LINES - 1)  # a row's 9 lines, some twice
+    row = kv_ptr + blk.to(gl.int64) * s_kvb + (tok % PAGE) * s_kvt
+    ptrs = gl.expand_dims(row, 1) + gl.expand_dims(line * (1024 // kv_ptr.dtype.element_ty.primitive_bitwidth), 0)
+    gl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def mla_decode_hopper(
     q_lat_ptr, q_pe_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
     num_splits, qk_scale,
@@ -64,7 +79,7 @@ def mla_decode_hopper(
     s_kvb, s_kvt, s_tb,
     s_ob, s_oh, s_os, s_lb, s_lh,
     H: gl.constexpr, R: gl.constexpr, P: gl.constexpr, PAGE: gl.constexpr,
-    BLOCK_N: gl.constexpr, NBUF: gl.constexpr, DIRECT: gl.constexpr,
+    BLOCK_N: gl.constexpr, NBUF: gl.constexpr, DIRECT: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """Grid (B, num_splits), 8 warps. Writes the normalised output, or a split's partial and its lse."""
     b = gl.program_id(0)
@@ -77,16 +92,9 @@ def mla_decode_hopper(
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    PF_L: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])  # [tokens, 16 lines]
     SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
-    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
-    q_lat = gl.load(q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0))
-    q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM, q_lat)
-    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
-    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
-    q_pe = gl.load(q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0))
-    q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, q_pe.to(dt))
     lat_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, R], SMEM)
     pe_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, P], SMEM)
 
@@ -108,6 +116,15 @@ def mla_decode_hopper(
     first = start + (NBUF - 1) * BLOCK_N
     blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
     blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
+    # the query goes to shared memory while the first tiles are on their way
+    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
+    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
+    q_lat = gl.load(q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0))
+    q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM, q_lat)
+    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
+    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
+    q_pe = gl.load(q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0))
+    q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, q_pe.to(dt))
 
     m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
     l_i = gl.zeros([H], gl.float32, gl.SliceLayout(1, S_L))
@@ -142,6 +159,10 @@ def mla_decode_hopper(
         m_i = m_new
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
         acc = warpgroup_mma(gl.convert_layout(p.to(dt), P_L), lat, acc, is_async=True)
+        if PREFETCH:  # under the output product: the tile after the next copy, into L2 only
+            first = start + (nxt + 1) * BLOCK_N
+            blk_f = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PF_L))
+            _prefetch_l2(kv_ptr, blk_f, first, s_kvb, s_kvt, PAGE, BLOCK_N, (R + P) * dt.primitive_bitwidth // 8, PF_L)
         acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
 

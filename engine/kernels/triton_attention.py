@@ -49,6 +49,7 @@ DEFAULT_SMS = 132  # H200 / H100 SXM, used when there is no CUDA device (interpr
 # The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query (220 KiB in all).
 HOPPER_BLOCK_N = 64
 HOPPER_NBUF = 2
+HOPPER_PREFETCH = True
 
 
 @triton.jit
@@ -188,6 +189,7 @@ def mla_decode(
     block_h: int | None = None,
     variant: str | None = None,
     nbuf: int = HOPPER_NBUF,
+    prefetch: bool = HOPPER_PREFETCH,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
@@ -208,7 +210,8 @@ def mla_decode(
     variant: "hopper" (`gluon_mla_decode`, explicit layouts and copy pipeline: see that module), or
     "triton" (the `tl` kernel above); None takes "hopper" where `hopper_eligible` holds and none of the
     tl kernel's knobs (block_h, num_warps, num_stages) is set. The hopper
-    kernel takes block_n (64, or 32) and nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32).
+    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32) and prefetch
+    (an L2 prefetch of the tile after the next).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -254,7 +257,7 @@ def mla_decode(
             raise ValueError("the hopper MLA decode kernel needs an sm_90 GPU, 64 heads, r=512, p=64, and a bf16/fp16 "
                              "query and cache of one dtype with 16-byte aligned rows")
         return _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits,
-                       block_n=hopper_block_n, nbuf=nbuf)
+                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch)
     if variant != "triton":
         raise ValueError(f"unknown MLA decode variant {variant!r}: hopper, triton")
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
@@ -309,7 +312,7 @@ def _hopper_available(device_index: int) -> bool:
     return True
 
 
-def _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits, *, block_n, nbuf):
+def _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits, *, block_n, nbuf, prefetch):
     from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
 
     B, H, r = q_lat.shape
@@ -321,7 +324,7 @@ def _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
     strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
-    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, num_warps=8)
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)
     if num_splits == 1:
         mla_decode_hopper[(B, 1)](*args, out, out, 1, scale * LOG2E, *strides, out.stride(0), out.stride(1), 0, 0, 0,

@@ -250,13 +250,15 @@ def test_hopper_mla_decode_against_float64():
     top = float(ref.abs().max())
     dev = [x.cuda() for x in (q_lat, q_pe, poisoned, tables, lens_t)]
     assert hopper_eligible(dev[0], dev[1], dev[2])
-    for block_n, nbuf in ((64, 2), (32, 2), (32, 4)):
+    for block_n, nbuf, prefetch in ((64, 2, True), (64, 2, False), (32, 2, True), (32, 4, False)):
         for splits in (None, 1, 3, 8):
-            out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf)
+            out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf,
+                             prefetch=prefetch)
+            cfg = (block_n, nbuf, prefetch, splits)
             assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(lens), 64, 512)
-            assert not torch.isnan(out).any(), (block_n, nbuf, splits)
+            assert not torch.isnan(out).any(), cfg
             err = float((out.double().cpu() - ref).abs().max()) / top
-            assert err < 2e-2, (block_n, nbuf, splits, err)
+            assert err < 2e-2, (cfg, err)
     default = mla_decode(*dev, ns["SCALE"])
     forced = mla_decode(*dev, ns["SCALE"], variant="hopper")
     assert torch.equal(default, forced)
@@ -264,3 +266,12 @@ def test_hopper_mla_decode_against_float64():
     assert float((tl_out.double() - default.double()).abs().max()) < 2e-2 * top
     with pytest.raises(ValueError, match="hopper MLA decode kernel needs"):
         mla_decode(dev[0].float(), dev[1].float(), dev[2].float(), dev[3], dev[4], 0.1, variant="hopper")
+    torch.cuda.synchronize()
+    try:  # compiled above: no call may synchronise with the host (decode runs inside CUDA graphs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
+        for splits in (None, 1, 3):
+            mla_decode(*dev, ns["SCALE"], num_splits=splits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
