@@ -9,7 +9,7 @@ configuration shows. Medians of CUDA-event timings around `--inner` back-to-back
 (divided), so the host's launch time of one call (tens of microseconds of Python) is not counted as kernel
 time; with --inner 1, as in the 2026-12-01 run, it is. Writes JSON.
 
-    python bench/engine_mla_bench.py --batches 4,32,128 --ctx 8192 [--sweep] --out /tmp/out
+    python bench/engine_mla_bench.py --batches 4,32,128 --ctx 8192 [--sweep [full]] --out /tmp/out
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
@@ -45,7 +46,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="4,32,128")
     ap.add_argument("--ctx", type=int, default=8192)
-    ap.add_argument("--sweep", action="store_true", help="also time a grid of tiles and splits")
+    ap.add_argument("--sweep", nargs="?", const="near", choices=("near", "full"),
+                    help="also time a grid of tiles and splits (near the default split count, or full)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--inner", type=int, default=10, help="calls per timed interval")
     ap.add_argument("--out", type=Path, required=True)
@@ -66,9 +68,11 @@ def main() -> int:
         # up to 10% slow (2026-12-01, batch 32: 0.141 ms first, 0.128 for the same launch later)
         configs = [("default", {}), ("triton default", {"variant": "triton"})]
         if args.sweep:
-            # split counts up to four rounds of programs on the GPU (one program per SM at 64 heads)
+            # split counts: half, once and twice the default (up to four rounds of programs with --sweep full)
             dflt = default_num_splits(batch, HEADS, tables.shape[1], PAGE, num_sms=sms, block_h=64)
-            splits = sorted({s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if batch * s <= 4 * sms} | {dflt})
+            splits = sorted({max(1, dflt // 2), dflt, min(32, 2 * dflt)})
+            if args.sweep == "full":
+                splits = sorted({s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if batch * s <= 4 * sms} | {dflt})
             # (tiles x buffers 32 x 2 and 32 x 3 trailed 32 x 4 at every batch on 2026-12-01, the tl kernel's
             # 2 stages its 3: bench/results/2026-12-01_h200_mla3/mla_sweep_midway.json)
             configs += [("sweep", dict(variant="hopper", block_n=bn, nbuf=nb, prefetch=pf, num_splits=sp))
@@ -97,9 +101,9 @@ def main() -> int:
             print(f"B={batch:>4} best {json.dumps(best['config'])} {best['ms']:.3f} ms x{best['x_floor']:.2f}", flush=True)
         del q_lat, q_pe, cache, tensors, ref
         torch.cuda.empty_cache()
-    doc = {"bandwidth_gbs": bw, "sms": sms, "inner": args.inner, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "rows": rows}
-    (args.out / "mla_bench.json").write_text(json.dumps(doc, indent=1))
+        doc = {"bandwidth_gbs": bw, "sms": sms, "inner": args.inner, "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
+        (args.out / "mla_bench.json").write_text(json.dumps(doc, indent=1))  # after every batch: a cut run keeps some
     return 0
 
 
