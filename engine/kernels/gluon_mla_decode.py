@@ -19,7 +19,9 @@ times both effects). Here the layouts and the pipeline are written out:
   table entries for a copy are loaded one iteration before it (their latency hides too);
 - with PREFETCH, the tile after that is asked into L2 (`prefetch.global.L2`) under the output
   product: the query (72 KiB) and two 64-token buffers (144 KiB) fill an SM's shared memory, so one
-  tile at a time is in flight to it, and the L2 hint puts a second tile's bytes on the way.
+  tile at a time is in flight to it, and the L2 hint puts a second tile's bytes on the way. On an H200
+  it made no difference beyond timing noise (bench/results/2026-12-01_h200_mla3): the per-tile work of
+  the one program per SM, not memory latency, looks like the limit at 1.5-1.6x the byte floor.
 """
 
 from __future__ import annotations
