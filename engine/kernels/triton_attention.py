@@ -317,7 +317,10 @@ def _hopper_available(device_index: int) -> bool:
     return True
 
 
-def _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits, *, block_n, nbuf, prefetch):
+def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+            context_lens: torch.Tensor, scale: float, num_splits: int, *, block_n: int, nbuf: int,
+            prefetch: bool) -> torch.Tensor:
+    """Stage 1 in Gluon (grid: sequences x splits), then the shared merge kernel when split."""
     from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
 
     B, H, r = q_lat.shape

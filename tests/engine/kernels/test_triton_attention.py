@@ -176,6 +176,11 @@ def test_mla_decode_rejects_bad_shapes():
         mla_decode(torch.zeros(2, 4, 48), torch.zeros(2, 4, 16), torch.zeros(3, 4, 64), tables, lens, 1.0)
     with pytest.raises(ValueError, match="do not fit"):
         mla_decode(torch.zeros(2, 4, 64), torch.zeros(2, 4, 16), torch.zeros(3, 4, 96), tables, lens, 1.0)
+    args = (torch.zeros(2, 4, 64), torch.zeros(2, 4, 16), torch.zeros(3, 4, 80), tables, lens, 1.0)
+    with pytest.raises(ValueError, match="unknown MLA decode variant 'cuda': hopper, triton"):
+        mla_decode(*args, variant="cuda")
+    with pytest.raises(ValueError, match="hopper MLA decode kernel needs an sm_90 GPU"):  # CPU tensors
+        mla_decode(*args, variant="hopper")
 
 
 @pytest.mark.gpu
