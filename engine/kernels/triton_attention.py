@@ -22,7 +22,10 @@ accumulate in float32. Nothing here reads a tensor value on the host, and the nu
 from shapes only, so the call can be captured in a CUDA graph.
 
 Runs on a CUDA GPU, or on CPU under TRITON_INTERPRET=1 (set before triton compiles anything), which is
-how tests/engine/kernels/test_triton_attention.py exercises it.
+how tests/engine/kernels/test_triton_attention.py exercises it. On sm_90 with 64 bf16 / fp16 heads,
+`mla_decode` runs stage 1 as `gluon_mla_decode.mla_decode_hopper` instead (`hopper_eligible`), which
+writes out the layouts and copy pipeline that triton derives poorly for this loop (see that module);
+both share the merge kernel below.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 DEFAULT_SMS = 132  # H200 / H100 SXM, used when there is no CUDA device (interpreter)
+# The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query (220 KiB in all).
+HOPPER_BLOCK_N = 64
+HOPPER_NBUF = 2
+HOPPER_PREFETCH = True
 
 
 @triton.jit
@@ -179,17 +186,21 @@ def mla_decode(
     scale: float,
     *,
     num_splits: int | None = None,
-    block_n: int = BLOCK_N,
+    block_n: int | None = None,
     num_warps: int = NUM_WARPS,
     num_stages: int | None = None,
     block_h: int | None = None,
+    variant: str | None = None,
+    nbuf: int = HOPPER_NBUF,
+    prefetch: bool = HOPPER_PREFETCH,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
     q_lat [B, H, r], q_pe [B, H, p]; kv_cache [num_blocks, block_size, r + p]; block_tables
     [B, max_blocks] physical block ids (padding past a sequence's blocks is never read);
     context_lens [B] >= 1 tokens each. r and p must be powers of two (512 and 64 in DeepSeek-V3).
-    num_splits: context slices per sequence (None: `default_num_splits`); block_n, num_warps and
+    num_splits: context slices per sequence (None: `default_num_splits`); block_n (None: the default
+    tile of the kernel that runs), num_warps and
     num_stages tune stage 1 (bench/engine_mla_bench.py --sweep times them); block_h is
     the heads per program (16, 32 or 64: fewer re-reads of the cache, a larger accumulator). Left at
     their defaults, 64 or more heads in bf16 / fp16 run 64 per program (each latent tile read once for all heads of
@@ -198,12 +209,22 @@ def mla_decode(
     (bench/results/2026-11-30_h200_engine/kernel_tune.json); float32 queries and 32 to 63 heads run 32 per program in
     64-token tiles with 8 warps (0.68 against 0.79 ms at 128 x 8k and 32 heads), fewer 16 per program
     in 32-token tiles.
+
+    variant: "hopper" (`gluon_mla_decode`, explicit layouts and copy pipeline: see that module; on an
+    H200 at 64 heads and 8k contexts 0.446 against 0.636 ms for the tl kernel at batch 128, 0.13 against
+    0.18 at 32: bench/results/2026-12-01_h200_mla3), or
+    "triton" (the `tl` kernel above); None takes "hopper" where `hopper_eligible` holds and none of the
+    tl kernel's knobs (block_h, num_warps, num_stages) is set. The hopper
+    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32) and prefetch
+    (an L2 prefetch of the tile after the next).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
     _, page, width = kv_cache.shape
+    hopper_block_n = HOPPER_BLOCK_N if block_n is None else block_n
+    tl_tiles = block_h is not None or num_warps != NUM_WARPS or num_stages is not None  # the tl kernel's knobs
     if block_h is None:  # tiles measured best on an H200 by bench/engine_kernel_tune.py (8k contexts)
-        if H >= 32 and block_n == BLOCK_N and num_warps == NUM_WARPS:
+        if H >= 32 and block_n is None and num_warps == NUM_WARPS:
             # 64 float32 heads x 64-token tiles ask for 305 KiB of shared memory (an H200 has 227)
             wide = H >= 64 and q_lat.element_size() <= 2
             block_h, block_n, num_warps = (64 if wide else 32), 64, 8
@@ -211,6 +232,7 @@ def mla_decode(
                 num_stages = 3
         else:
             block_h = BLOCK_H
+    block_n = BLOCK_N if block_n is None else block_n
     if q_pe.shape[:2] != (B, H) or width != r + p:
         raise ValueError(f"shapes do not fit: q_lat {tuple(q_lat.shape)}, q_pe {tuple(q_pe.shape)}, "
                          f"kv_cache {tuple(kv_cache.shape)}")
@@ -233,6 +255,16 @@ def mla_decode(
             sms = DEFAULT_SMS
         num_splits = default_num_splits(B, H, max_blocks, page, num_sms=sms, block_h=block_h)
     num_splits = max(1, int(num_splits))
+    if variant is None:
+        variant = "hopper" if not tl_tiles and hopper_eligible(q_lat, q_pe, kv_cache) else "triton"
+    if variant == "hopper":
+        if not hopper_eligible(q_lat, q_pe, kv_cache):
+            raise ValueError("the hopper MLA decode kernel needs an sm_90 GPU, 64 heads, r=512, p=64, and a bf16/fp16 "
+                             "query and cache of one dtype with 16-byte aligned rows")
+        return _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits,
+                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch)
+    if variant != "triton":
+        raise ValueError(f"unknown MLA decode variant {variant!r}: hopper, triton")
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
     grid = (triton.cdiv(H, block_h), B, num_splits)
@@ -251,6 +283,66 @@ def mla_decode(
     _mla_decode_split[grid](*args, part, lse, H, num_splits, scale * LOG2E, *strides,
                             part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                             DIRECT=False, **common)
+    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
+                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
+                                num_warps=4)
+    return out
+
+
+def hopper_eligible(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether `gluon_mla_decode` runs this call: an sm_90 GPU (not the interpreter), the DeepSeek-V3
+    widths at 64 heads per rank, a bf16 / fp16 query and a cache of the same dtype (cp.async copies
+    bytes, it cannot convert), and cache rows on 16-byte boundaries (cp.async moves 16-byte pieces)."""
+    if not q_lat.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    B, H, r = q_lat.shape
+    if (H, r, q_pe.shape[-1]) != (64, 512, 64) or q_lat.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if kv_cache.dtype != q_lat.dtype or q_pe.dtype != q_lat.dtype or kv_cache.stride(2) != 1:
+        return False
+    if kv_cache.stride(0) % 8 or kv_cache.stride(1) % 8 or kv_cache.data_ptr() % 16:
+        return False
+    return _hopper_available(q_lat.device.index if q_lat.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _hopper_available(device_index: int) -> bool:
+    if torch.cuda.get_device_capability(device_index)[0] != 9 or torch.version.hip:
+        return False
+    try:
+        from k2bench.engine.kernels import gluon_mla_decode  # noqa: F401  (needs triton's Gluon, 3.5 or newer)
+    except ImportError:
+        return False
+    return True
+
+
+def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+            context_lens: torch.Tensor, scale: float, num_splits: int, *, block_n: int, nbuf: int,
+            prefetch: bool) -> torch.Tensor:
+    """Stage 1 in Gluon (grid: sequences x splits), then the shared merge kernel when split."""
+    from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
+
+    B, H, r = q_lat.shape
+    p = q_pe.shape[-1]
+    page = kv_cache.shape[1]
+    if nbuf < 2 or (block_n, nbuf) not in ((64, 2), (32, 2), (32, 3), (32, 4)):
+        raise ValueError(f"hopper MLA decode: block_n {block_n} with {nbuf} buffers does not fit in shared memory "
+                         "(64 x 2, or 32 x 2..4)")
+    out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
+    strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+               kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
+    args = (q_lat, q_pe, kv_cache, block_tables, context_lens)
+    if num_splits == 1:
+        mla_decode_hopper[(B, 1)](*args, out, out, 1, scale * LOG2E, *strides, out.stride(0), out.stride(1), 0, 0, 0,
+                                  DIRECT=True, **consts)
+        return out
+    part = torch.empty(B, H, num_splits, r, dtype=torch.float32, device=q_lat.device)
+    lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q_lat.device)
+    mla_decode_hopper[(B, num_splits)](*args, part, lse, num_splits, scale * LOG2E, *strides,
+                                       part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+                                       DIRECT=False, **consts)
     _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
                                 part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                                 out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),

@@ -102,7 +102,7 @@ cases = [
     ("fp8", 4, 16, [70, 1, 18, 33], [None, 1, 2, 40], 16),
     ("fp8", 1, 4, [13, 64], [1, 3], 32),
     ("f32cache_bf16q", 16, 4, [37, 3], [1, 2], 16),
-    ("bf16", 64, 16, [150, 5], [None, 3], 32),  # default tiles at 64 heads: all heads in one program
+    ("bf16", 64, 16, [150, 5], [None, 3], None),  # default tiles at 64 heads: all heads in one program
 ]
 results = []
 for i, (name, H, bs, lens, splits, block_n) in enumerate(cases):
@@ -176,6 +176,11 @@ def test_mla_decode_rejects_bad_shapes():
         mla_decode(torch.zeros(2, 4, 48), torch.zeros(2, 4, 16), torch.zeros(3, 4, 64), tables, lens, 1.0)
     with pytest.raises(ValueError, match="do not fit"):
         mla_decode(torch.zeros(2, 4, 64), torch.zeros(2, 4, 16), torch.zeros(3, 4, 96), tables, lens, 1.0)
+    args = (torch.zeros(2, 4, 64), torch.zeros(2, 4, 16), torch.zeros(3, 4, 80), tables, lens, 1.0)
+    with pytest.raises(ValueError, match="unknown MLA decode variant 'cuda': hopper, triton"):
+        mla_decode(*args, variant="cuda")
+    with pytest.raises(ValueError, match="hopper MLA decode kernel needs an sm_90 GPU"):  # CPU tensors
+        mla_decode(*args, variant="hopper")
 
 
 @pytest.mark.gpu
@@ -224,5 +229,54 @@ def test_mla_decode_on_cuda_against_torch_backend():
             torch.cuda.set_sync_debug_mode("error")
         for ns in (None, 1, 4):
             mla_decode(q_lat, q_pe, cache, t_dev, l_dev, scale, num_splits=ns)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_hopper_mla_decode_against_float64():
+    """The Gluon kernel (engine/kernels/gluon_mla_decode.py) at real widths on an sm_90 GPU, against the
+    float64 reference on a poisoned cache (NaN in block 0 and past every context, so an out-of-context
+    read shows), for ragged lengths (1 token, partial tiles, one split longer than the others) and
+    every tile / buffer setting and split count it takes; it must be the default there."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    ns: dict = {}
+    # the child script's float64 reference and case builder, at real widths (it pins threads: not here)
+    exec(CHILD.split("def torch_backend")[0].replace("R, P = 64, 16", "R, P = 512, 64")
+         .replace("torch.set_num_threads(1)", ""), ns)
+    from k2bench.engine.kernels.triton_attention import hopper_eligible, mla_decode
+
+    lens = [1, 4097, 300, 2000, 17, 64, 65]
+    q_lat, q_pe, clean, poisoned, tables, lens_t = ns["make_case"](7, lens, 64, 16, torch.bfloat16, torch.bfloat16)
+    ref = ns["reference"](q_lat, q_pe, clean, tables, lens_t)
+    top = float(ref.abs().max())
+    dev = [x.cuda() for x in (q_lat, q_pe, poisoned, tables, lens_t)]
+    assert hopper_eligible(dev[0], dev[1], dev[2])
+    for block_n, nbuf, prefetch in ((64, 2, True), (64, 2, False), (32, 2, True), (32, 4, False)):
+        for splits in (None, 1, 3, 8):
+            out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf,
+                             prefetch=prefetch)
+            cfg = (block_n, nbuf, prefetch, splits)
+            assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(lens), 64, 512)
+            assert not torch.isnan(out).any(), cfg
+            err = float((out.double().cpu() - ref).abs().max()) / top
+            assert err < 2e-2, (cfg, err)
+    default = mla_decode(*dev, ns["SCALE"])
+    forced = mla_decode(*dev, ns["SCALE"], variant="hopper")
+    assert torch.equal(default, forced)
+    tl_out = mla_decode(*dev, ns["SCALE"], variant="triton")
+    assert float((tl_out.double() - default.double()).abs().max()) < 2e-2 * top
+    with pytest.raises(ValueError, match="hopper MLA decode kernel needs"):
+        mla_decode(dev[0].float(), dev[1].float(), dev[2].float(), dev[3], dev[4], 0.1, variant="hopper")
+    torch.cuda.synchronize()
+    try:  # compiled above: no call may synchronise with the host (decode runs inside CUDA graphs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
+        for splits in (None, 1, 3):
+            mla_decode(*dev, ns["SCALE"], num_splits=splits)
     finally:
         torch.cuda.set_sync_debug_mode("default")
