@@ -72,9 +72,11 @@ class KernelBackend(Protocol):
         w2_scale: torch.Tensor | None,
         *,
         a4w4: bool = False,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Routed experts: SiLU-gated gate/up, down, weighted sum over each token's chosen experts (no
-        all-reduce)."""
+        all-reduce), in x's dtype; `add` [T, H] (the shared experts' output) is added as `out + add` would,
+        so a backend can do it in the same pass."""
         ...
 
     def route_experts(
@@ -87,9 +89,11 @@ class KernelBackend(Protocol):
 
     def prepare_moe(
         self, w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor | None
-    ) -> None:
+    ) -> bool:
         """Called once per expert stack after loading: a backend may build its own weight layout here
-        (raising BackendError for weights it cannot take); `fused_moe` still receives the checkpoint tensors."""
+        (raising BackendError for weights it cannot take). True when this backend's `fused_moe` will never
+        read the checkpoint tensors again, so the caller may release them (one copy of the experts in
+        memory); `fused_moe` still receives the same tensor objects."""
         ...
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:

@@ -97,8 +97,9 @@ class TorchBackend:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * scale, ids
 
-    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
-        """The checkpoint layout is this backend's layout."""
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """The checkpoint layout is this backend's layout: it must stay."""
+        return False
 
     def fused_moe(
         self,
@@ -111,14 +112,17 @@ class TorchBackend:
         w2_scale: torch.Tensor | None,
         *,
         a4w4: bool = False,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_experts = w13.shape[0]
         xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
         pairs = topk_ids.numel()
         if pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET):
-            return self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
-                                            a4w4=a4w4 and w2_scale is not None)
-        return self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            out = self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
+                                           a4w4=a4w4 and w2_scale is not None)
+        else:
+            out = self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        return out if add is None else out + add
 
     def _moe_expert_loop(
         self,

@@ -181,6 +181,13 @@ def mxfp4_matmul(
     return y.reshape(*lead, n)
 
 
+def _check_kept(w13: torch.Tensor) -> None:
+    if w13.numel() == 0:
+        raise BackendError("these experts' checkpoint layout was released at load (the backend that loaded them "
+                           "keeps only its fast layout); load with backend='torch' to switch backends or MoE "
+                           "variants afterwards")
+
+
 @dataclass
 class TritonPlan(AttentionPlan):
     """One step's attention plan: prefill chunks as the torch backend lists them, decodes as tensors."""
@@ -264,6 +271,7 @@ class TritonBackend(TorchBackend):
         hit = self._fast.get(id(w13))
         if hit is not None and hit[0]() is w13:
             return hit[1]
+        _check_kept(w13)
         try:
             fast = relayout_experts(w13, w13_scale, w2, w2_scale)
         except NanScaleError as exc:
@@ -273,22 +281,28 @@ class TritonBackend(TorchBackend):
         self._fast[id(w13)] = (weakref.ref(w13), fast)
         return fast
 
-    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
-        """Re-lay packed experts for the fast variant once, at load time (the checkpoint tensors stay
-        for backends swapped in later, e.g. by bench/engine_gpu_bench.py)."""
-        if w13_scale is not None and w2_scale is not None and self._moe_variant(w13.device) == "fast":
-            self._fast_experts(w13, w13_scale, w2, w2_scale)
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """Re-lay packed experts for the fast variant once, at load time. True (the checkpoint tensors may
+        go) when the fast layout took them: this backend then reads only its own copy. A model that must
+        also run other backends or variants later (bench/engine_gpu_bench.py swaps them) is loaded with
+        the torch backend, whose `prepare_moe` keeps the checkpoint layout; the fast copy is then built
+        on first use, next to it."""
+        if w13_scale is None or w2_scale is None or self._moe_variant(w13.device) != "fast":
+            return False
+        return self._fast_experts(w13, w13_scale, w2, w2_scale) is not None
 
-    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False, add=None):
         if w13_scale is None or w2_scale is None:  # float experts: the reference path
-            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add)
         variant = self._moe_variant(x.device)
         if variant == "fast":
             fast = self._fast_experts(w13, w13_scale, w2, w2_scale)
             if fast is not None:
-                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4)
+                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4, add=add)
             variant = "dot_scaled"
-        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant)
+        _check_kept(w13)
+        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant,
+                               add=add)
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """Prefill chunks are listed (with their cache slots); decodes stay tensors for the paged kernel."""

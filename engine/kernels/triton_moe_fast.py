@@ -11,10 +11,11 @@ bytes into the 16-bit lanes of a word, shifts and masks place both lanes' bits, 
 applies the scale), about 3 instructions per value; `asm=False` keeps the per-element Triton form.
 The GEMMs put expert weight rows on the MMA's M side (64 rows per warp group, decoded in registers,
 the wgmma A operand) and the block's tokens on the N side (`swap=True`); `swap=False` is the usual
-orientation. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
-float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
-summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
-so whose float32 result, changes from run to run).
+orientation. Pairs are sorted and padded per expert by `triton_moe_glue.moe_align`; split-K writes
+float32 partials like `triton_moe` does, and so does the down GEMM: the bridge kernel between the GEMMs
+and the combine kernel after them (`triton_moe_glue`) add them up, the k experts of a token in a fixed
+order (an epilogue reduce across programs would need atomics, whose order, and so whose float32 result,
+changes from run to run).
 Under TRITON_INTERPRET=1 (no inline asm; bf16 arithmetic on raw bits) the same bits are decoded in
 float32; the GPU decodes are checked against the OCP table by tests/engine/kernels/
 test_triton_moe_fast.py on a GPU. Not run on ROCm: the PTX decode is CUDA-only, so an MI355X keeps
@@ -32,7 +33,8 @@ import triton
 import triton.language as tl
 
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
-from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
+from k2bench.engine.kernels.triton_moe import split_sizes
+from k2bench.engine.kernels.triton_moe_glue import moe_align, moe_bridge, moe_combine
 from k2bench.engine.kernels.triton_quant import fake_quantize
 
 
@@ -295,8 +297,10 @@ def fused_moe_fast(
     config: FastConfig | None = None,
     split_k: int = 1,
     down_split_k: int | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
+    [T, H], e.g. the shared experts' output, rounded as `out + add`).
 
     Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
     float32 accumulation, deterministic); config None picks tiles by `fast_config`. split_k /
@@ -313,7 +317,7 @@ def fused_moe_fast(
     tokens, topk = topk_ids.shape
     pairs = tokens * topk
     if pairs == 0:
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if add is None else add.to(x.dtype, copy=True)
     num_experts = experts.w13.shape[0]
     cfg = config or fast_config(pairs, num_experts)
     split1, ksplit1 = split_sizes(hidden, CHUNK, split_k)
@@ -329,8 +333,8 @@ def fused_moe_fast(
         h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
         s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
     else:
-        # A4W4 keeps h in float32 until it is quantised; the interpreter's bf16 cast truncates, so
-        # there torch rounds it (as in triton_moe)
+        # A4W4 keeps h in float32 until the bridge quantises it; so does the interpreter, whose bf16 cast
+        # truncates (the bridge rounds)
         h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16,
                             device=x.device)
         s_hp, s_hs = h_buf.stride(0), 0
@@ -341,16 +345,7 @@ def fused_moe_fast(
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
-    if split1 > 1:
-        gate, up = h_buf.sum(dim=0).split(inter, dim=1)
-        h = gate * torch.sigmoid(gate) * up
-        h = h if a4w4 else h.to(torch.bfloat16)
-    else:
-        h = h_buf
-    if a4w4:
-        h = fake_quantize(h, torch.bfloat16)
-    elif interpret:
-        h = h.to(torch.bfloat16)
+    h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
     y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
     _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
@@ -360,6 +355,4 @@ def fused_moe_fast(
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
-    if split2 > 1:
-        y = y.sum(dim=0)
-    return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)
+    return moe_combine(y, topk, x.dtype, add)

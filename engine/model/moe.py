@@ -145,12 +145,20 @@ class Experts(nn.Module):
         return lambda t: self.weight_loader(param, t, e, which, narrowed=True)
 
     def prepare(self) -> None:
-        """After loading: let the backend build its own layout of these weights (once)."""
-        self.par.backend.prepare_moe(self.w13, self.w13_scale, self.w2, self.w2_scale)
+        """After loading: let the backend build its own layout of these weights (once). When the backend
+        says it will only read that layout, the checkpoint tensors are emptied in place (the parameters
+        stay, so the backend still finds its copy by them), so the experts are not held twice."""
+        params = (self.w13, self.w13_scale, self.w2, self.w2_scale)
+        if self.par.backend.prepare_moe(*params):
+            for p in params:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass."""
         return self.par.backend.fused_moe(
-            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4
+            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add
         )
 
 
@@ -174,7 +182,5 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        y = self.experts(x, weights, ids)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
-        return self.par.all_reduce(y)
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        return self.par.all_reduce(self.experts(x, weights, ids, shared))
