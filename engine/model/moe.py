@@ -82,6 +82,7 @@ class Experts(nn.Module):
         if inter % par.size:
             raise ValueError(f"moe_intermediate_size {inter} is not divisible by tp={par.size}")
         self.E, self.H, self.inter, self.local = E, H, inter, inter // par.size
+        self.released_for = None  # the backend left holding the only copy of the weights (see `prepare`)
         q = cfg.quant
         self.quantized = q is not None and q.is_quantized(f"{prefix}.0.gate_proj")
         if q is not None and not all(
@@ -152,11 +153,16 @@ class Experts(nn.Module):
         if self.par.backend.prepare_moe(*params):
             for p in params:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            self.released_for = self.par.backend
 
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass."""
+        if self.released_for is not None and self.par.backend is not self.released_for:
+            raise RuntimeError(f"{self.prefix}: the checkpoint layout of these experts was released at load, only "
+                               f"the {self.released_for.name} backend's own layout is left; load the model with "
+                               "backend='torch' to switch backends afterwards")
         return self.par.backend.fused_moe(
             x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add
         )
