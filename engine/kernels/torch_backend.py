@@ -49,20 +49,30 @@ class TorchBackend:
         self.device = device
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         if weight_scale is None:
             return F.linear(x, weight)
         w = dequantize_mxfp4(weight, weight_scale, x.dtype)
-        if a4w4:
+        if a4w4 and not x_quantized:
             x = fake_quantize_mxfp4(x)
         return F.linear(x, w)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        quantize: bool = False,
+    ):
         if residual is None:
             return rms_norm_reference(x, weight, eps)
         h = x + residual
-        return rms_norm_reference(h, weight, eps), h
+        y = rms_norm_reference(h, weight, eps)
+        return (y, h, fake_quantize_mxfp4(y)) if quantize else (y, h)
+
+    def swiglu(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        return fake_quantize_mxfp4(h) if quantize else h
 
     def mla_rope_cache(
         self, q_pe: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, rotary: Rotary, norm_weight: torch.Tensor,
@@ -113,9 +123,10 @@ class TorchBackend:
         *,
         a4w4: bool = False,
         add: torch.Tensor | None = None,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         num_experts = w13.shape[0]
-        xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
+        xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None and not x_quantized else x  # per-row blocks: once for all experts
         pairs = topk_ids.numel()
         if pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET):
             out = self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,

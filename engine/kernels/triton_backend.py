@@ -40,7 +40,7 @@ from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
 from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
-from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
+from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm, swiglu
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata
@@ -116,10 +116,12 @@ GEMM_SPLIT_MAX_M = 64
 DEQUANT_MIN_M = 1024
 
 
-def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool) -> torch.Tensor:
+def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool,
+                   x_quantized: bool = False) -> torch.Tensor:
     """x @ dequant(W)^T through the BLAS: the same products as `mxfp4_matmul` on a GPU without FP4 units
     (weights decode exactly to bf16; A4W4 activations are quantise-dequantised, which bf16 holds)."""
-    xq = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16)  # what the kernel feeds its dot
+    # what the kernel feeds its dot
+    xq = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16)
     dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16  # float32 runs (checks) sum in float32
     return F.linear(xq.to(dtype), dequantize_mxfp4(weight, weight_scale, dtype)).to(x.dtype)
 
@@ -138,9 +140,13 @@ def _gemm_tiles(m: int, n: int) -> tuple[int, int]:
 
 
 def mxfp4_matmul(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool, split_k: int | None = None
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool, split_k: int | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
     """x [..., K] @ MXFP4 weight [N, K/2] (+ scales [N, K/32])^T -> [..., N] in x's dtype.
+
+    x_quantized (with a4w4): x already holds its MXFP4 values, so no fake quantisation here (on FP4
+    hardware they are still packed to codes and scales, which reproduces them exactly).
 
     split_k: K slices (None: `gemm_split_k`; 1: one program per output tile walks all of K). Slices
     write float32 partials that torch adds, so a split changes only the float32 summation order.
@@ -157,7 +163,7 @@ def mxfp4_matmul(
         # Without FP4 units dot_scaled upcasts both operands anyway; the quantise-dequantise of the
         # activations is exact in bf16, so the bf16 x FP4 form computes the same products, and
         # measured 1.05-2.3x faster on an H200 (bench/engine_kernel_tune.py).
-        x2, a4w4 = fake_quantize(x2), False
+        x2, a4w4 = (x2 if x_quantized else fake_quantize(x2)), False
     if a4w4:
         xa, xs = quantize_mxfp4(x2)
     else:
@@ -245,13 +251,14 @@ class TritonBackend(TorchBackend):
         self._fast: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # by id(w13), checked by ref
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         if weight_scale is None:
             return F.linear(x, weight)
         if x.numel() >= DEQUANT_MIN_M * x.shape[-1] and not native_fp4(x.device):
-            return dequant_linear(x, weight, weight_scale, a4w4=a4w4)
-        return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
+            return dequant_linear(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
+        return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
 
     def route_experts(self, scores, bias, *, top_k, n_group, topk_group, renormalize, scale):
         """One kernel (triton_routing) instead of the torch reference's dozen."""
@@ -291,18 +298,20 @@ class TritonBackend(TorchBackend):
             return False
         return self._fast_experts(w13, w13_scale, w2, w2_scale) is not None
 
-    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False, add=None):
+    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False, add=None,
+                  x_quantized=False):
         if w13_scale is None or w2_scale is None:  # float experts: the reference path
-            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add)
+            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add,
+                                     x_quantized=x_quantized)
         variant = self._moe_variant(x.device)
         if variant == "fast":
             fast = self._fast_experts(w13, w13_scale, w2, w2_scale)
             if fast is not None:
-                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4, add=add)
+                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4, add=add, x_quantized=x_quantized)
             variant = "dot_scaled"
         _check_kept(w13)
         return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant,
-                               add=add)
+                               add=add, x_quantized=x_quantized)
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> TritonPlan:
         """Prefill chunks are listed (with their cache slots); decodes stay tensors for the paged kernel."""
@@ -357,8 +366,12 @@ class TritonBackend(TorchBackend):
         o_lat = mla_decode(q_lat, q_pe.to(q_lat.dtype), kv_cache, tables, lens, scale)
         return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-        return rms_norm(x, weight, eps, residual)
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                 quantize: bool = False):
+        return rms_norm(x, weight, eps, residual, quantize)
+
+    def swiglu(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+        return swiglu(x, quantize)
 
     def mla_rope_cache(self, q_pe, kv, positions, rotary, norm_weight, eps, kv_cache, slot_mapping):
         return mla_rope_cache(q_pe, kv, positions, rotary.inv_freq(positions.device), rotary.mscale,

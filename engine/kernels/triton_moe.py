@@ -284,9 +284,11 @@ def fused_moe_mxfp4(
     split_k: int | None = 1,
     down_split_k: int | None = None,
     add: torch.Tensor | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
-    [T, H], e.g. the shared experts' output, rounded as `out + add`).
+    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
+    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
 
     w13 [E, 2L, H/2] (gate rows then up rows) and w2 [E, H, L/2] are packed E2M1 with E8M0 scales
     [E, 2L, H/32] / [E, H, L/32]. Block sizes default by T*k/E (block_m), 64 (block_n) and the
@@ -332,7 +334,8 @@ def fused_moe_mxfp4(
     dot_scaled = variant == "dot_scaled"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
 
-    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
+    # x_quantized: x already holds A4W4's values (the norm before quantised it), bf16 holds them exactly
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
     # A4W4 keeps h in float32 until the bridge quantises it, as the torch backend does for float32 input.
     # The interpreter's float32 -> bf16 cast truncates (the GPU's rounds to nearest even), so there h is
     # stored as float32 and rounded by the bridge. Split: float32 partial sums [slice, pair, gate | up]

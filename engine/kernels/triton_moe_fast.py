@@ -298,9 +298,11 @@ def fused_moe_fast(
     split_k: int = 1,
     down_split_k: int | None = None,
     add: torch.Tensor | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
-    [T, H], e.g. the shared experts' output, rounded as `out + add`).
+    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
+    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
 
     Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
     float32 accumulation, deterministic); config None picks tiles by `fast_config`. split_k /
@@ -328,7 +330,8 @@ def fused_moe_fast(
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
 
-    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
+    # x_quantized: x already holds A4W4's values (the norm before quantised it), bf16 holds them exactly
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
     if split1 > 1:
         h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
         s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k2bench.engine.kernels.triton_quant import mx_fake_quant, round_bf16
+from k2bench.engine.kernels.triton_quant import mx_fake_quant, round_bf16, round_to
 from k2bench.engine.model.mxfp4 import BLOCK
 
 ALIGN_CHUNK = 256  # pairs per alignment program
@@ -192,14 +192,6 @@ def moe_bridge(src: torch.Tensor, inter: int, *, act: bool, a4w4: bool) -> torch
 
 
 @triton.jit
-def _round_to(x, dt: tl.constexpr, BF16: tl.constexpr):
-    """x rounded to dt's precision (to nearest), kept in float32."""
-    if BF16:
-        return round_bf16(x)
-    return x.to(dt).to(tl.float32)
-
-
-@triton.jit
 def _combine(
     y_ptr, add_ptr, out_ptr, H, S, s_ys, s_yp, s_at, s_ot,
     TOPK: tl.constexpr, ADD: tl.constexpr, BF16: tl.constexpr, BH: tl.constexpr,
@@ -213,10 +205,10 @@ def _combine(
         for s in range(0, S):
             part += tl.load(y_ptr + s * s_ys + (t * TOPK + j) * s_yp + cols, mask=ok, other=0.0)
         acc += part
-    acc = _round_to(acc, out_ptr.dtype.element_ty, BF16)
+    acc = round_to(acc, out_ptr.dtype.element_ty, BF16)
     if ADD:
         acc += tl.load(add_ptr + t * s_at + cols, mask=ok, other=0.0).to(tl.float32)
-        acc = _round_to(acc, out_ptr.dtype.element_ty, BF16)
+        acc = round_to(acc, out_ptr.dtype.element_ty, BF16)
     tl.store(out_ptr + t * s_ot + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 

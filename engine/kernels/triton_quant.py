@@ -61,6 +61,15 @@ def round_bf16(x):
 
 
 @triton.jit
+def round_to(x, dt: tl.constexpr, BF16: tl.constexpr):
+    """Float32 x rounded to dt's precision (nearest), kept in float32; BF16 says dt is bfloat16 (rounded by
+    `round_bf16`, which the interpreter gets right)."""
+    if BF16:
+        return round_bf16(x)
+    return x.to(dt).to(tl.float32)
+
+
+@triton.jit
 def _fake_quant(x_ptr, y_ptr, num_blocks, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = rows < num_blocks

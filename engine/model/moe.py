@@ -42,9 +42,16 @@ class DenseMLP(nn.Module):
         yield from self.gate_up.specs(f"{self.prefix}.up_proj", 1)
         yield from self.down.specs(f"{self.prefix}.down_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        y = self.down(F.silu(gate) * up)
+    @property
+    def takes_quantized(self) -> bool:
+        """Whether the input may come already A4W4-quantised (`forward`'s xq): the first GEMM is MXFP4."""
+        return self.par.a4w4 and self.gate_up.quantized
+
+    def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """xq: x's A4W4 values, when the norm before wrote them (`takes_quantized`)."""
+        gu = self.gate_up(x) if xq is None else self.gate_up(xq, x_quantized=True)
+        quant = self.par.a4w4 and self.down.quantized  # SwiGLU, then the down GEMM's quantiser, in one kernel
+        y = self.down(self.par.backend.swiglu(gu, quant), x_quantized=quant)
         return self.par.all_reduce(y) if self.reduce else y
 
 
@@ -156,15 +163,18 @@ class Experts(nn.Module):
             self.released_for = self.par.backend
 
     def forward(
-        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
-        """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass."""
+        """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass;
+        x_quantized: x already holds its A4W4 values."""
         if self.released_for is not None and self.par.backend is not self.released_for:
             raise RuntimeError(f"{self.prefix}: the checkpoint layout of these experts was released at load, only "
                                f"the {self.released_for.name} backend's own layout is left; load the model with "
                                "backend='torch' to switch backends afterwards")
         return self.par.backend.fused_moe(
-            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add
+            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add,
+            x_quantized=x_quantized,
         )
 
 
@@ -186,7 +196,14 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             yield from self.shared_experts.specs()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_quantized(self) -> bool:
+        """Whether the input may come already A4W4-quantised: every expert GEMM that reads it is MXFP4."""
+        shared = self.shared_experts
+        return self.par.a4w4 and self.experts.quantized and (shared is None or shared.takes_quantized)
+
+    def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """x feeds the float32 router; xq (x's A4W4 values, when the norm before wrote them) the experts."""
         weights, ids = self.gate(x)
-        shared = self.shared_experts(x) if self.shared_experts is not None else None
-        return self.par.all_reduce(self.experts(x, weights, ids, shared))
+        shared = self.shared_experts(x, xq) if self.shared_experts is not None else None
+        return self.par.all_reduce(self.experts(x if xq is None else xq, weights, ids, shared, xq is not None))
