@@ -1,4 +1,5 @@
-"""The decoder's glue as single Triton passes: RMSNorm with the residual add, and MLA's rope + cache write.
+"""The decoder's glue as single Triton passes: RMSNorm with the residual add (and the next GEMM's A4W4
+quantisation), SwiGLU (with the down projection's), and MLA's rope + cache write.
 
 In torch a bf16 RMSNorm is about eight kernels (upcast, square, mean, add, rsqrt, multiply, downcast,
 weight) and the residual add one more; MLA's step between the projections and attention (rope on the
@@ -7,9 +8,10 @@ decode step every one of them is a launch over a few kilobytes, so they cost mor
 (issue 11 asks for at most 50 kernels per decoder layer). Each kernel here reads its inputs once per
 token and writes the results where the next op reads them.
 
-Numerics follow `model.layers.rms_norm_reference` and `rope_reference`: statistics and rotation in
-float32, the residual sum and each output rounded to the model's dtype where torch rounds them; only the
-order of the sum of squares (and the last bit of cos/sin) can differ from torch.
+Numerics follow `model.layers.rms_norm_reference`, `rope_reference` and `F.silu(gate) * up`: statistics,
+rotation and SiLU in float32, the residual sum and each output rounded to the model's dtype where torch
+rounds them; only the order of the sum of squares (and the last bits of cos/sin and sigmoid) can differ
+from torch. The quantised outputs are `fake_quantize_mxfp4` of the kernel's own rounded output, bit for bit.
 Runs on a GPU, or on CPU under TRITON_INTERPRET=1 (tests/engine/kernels/test_triton_norm.py).
 """
 
