@@ -9,9 +9,9 @@ so no host sync and a decode step can be captured in a CUDA graph. Nothing here 
 output element has one writer and every sum a fixed order, so results repeat bit for bit.
 
 - `moe_align`: `_align_count` histograms the expert ids of each chunk of pairs; `_align_place` turns the
-  histograms into padded expert offsets (in registers, per program) and writes each pair to its slot in
-  pair order (stable: within an expert, lower pair index first), the sentinel into every padding slot,
-  and every block's expert.
+  histograms into padded expert offsets (in registers, every program on its own) and writes each pair to
+  its slot in pair order (stable: within an expert, lower pair index first), the sentinel into every
+  padding slot, and every block's expert; its programs split the chunks and the blocks between them.
 - `moe_bridge`: split-K gate/up partials -> sum over slices -> silu(gate) * up -> bf16, or in A4W4 the
   MXFP4 quantise-dequantise of h (`triton_quant.mx_fake_quant`, bit-equal to the torch quantiser).
 - `moe_combine`: y partials [slices, pairs, H] (routing weights applied) -> sum over slices, then over a
@@ -30,9 +30,14 @@ import triton.language as tl
 from k2bench.engine.kernels.triton_quant import mx_fake_quant, round_bf16, round_to
 from k2bench.engine.model.mxfp4 import BLOCK
 
-ALIGN_CHUNK = 256  # pairs per alignment program
+# Alignment work split: pairs in chunks of a power of two from 64 up, so that there are at most
+# ALIGN_MAX_CHUNKS chunks (each program then reads every chunk's histogram: few and short); blocks
+# labelled ALIGN_BLOCKS per program. On an H200 one program over 256 pairs and 106 blocks took 81 us
+# at 1024 pairs (bench/results/2026-12-01_h200_glue3): the work has to be spread over programs.
+ALIGN_MIN_CHUNK = 64
+ALIGN_MAX_CHUNKS = 64
 ALIGN_STEP = 32  # pairs handled at once inside a program ([STEP, E] one-hot tiles)
-ALIGN_BLOCKS = 32  # blocks labelled at once
+ALIGN_BLOCKS = 32  # blocks labelled per program
 BRIDGE_ROWS = 32  # pairs per bridge program (one 32-wide group of h per program)
 COMBINE_COLS = 1024  # hidden columns per combine program
 
@@ -60,7 +65,7 @@ def _align_count(ids_ptr, counts_ptr, pairs, CHUNK: tl.constexpr, STEP: tl.const
     c = tl.program_id(0)
     e = tl.arange(0, BE)
     hist = tl.zeros((BE,), tl.int32)
-    for s in tl.static_range(0, CHUNK, STEP):
+    for s in range(0, CHUNK, STEP):
         i = c * CHUNK + s + tl.arange(0, STEP)
         v = tl.load(ids_ptr + i, mask=i < pairs, other=-1)
         hist += tl.sum((v[:, None] == e[None, :]).to(tl.int32), axis=0)
@@ -69,10 +74,11 @@ def _align_count(ids_ptr, counts_ptr, pairs, CHUNK: tl.constexpr, STEP: tl.const
 
 @triton.jit
 def _align_place(
-    ids_ptr, counts_ptr, sorted_ptr, block_experts_ptr, pairs, E, num_chunks, num_blocks, blocks_per_prog,
+    ids_ptr, counts_ptr, sorted_ptr, block_experts_ptr, pairs, E, num_chunks, num_blocks,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr, BE: tl.constexpr, BB: tl.constexpr,
 ):
-    """Slots of chunk c's pairs, then the labels and padding of blocks [c * per, (c + 1) * per)."""
+    """Program c: the slots of chunk c's pairs (if there is a chunk c), then the labels and padding of
+    blocks [c * BB, (c + 1) * BB)."""
     c = tl.program_id(0)
     e = tl.arange(0, BE)
     total = tl.zeros((BE,), tl.int32)
@@ -88,7 +94,7 @@ def _align_place(
     # earlier in this step)
     base = start + before
     r = tl.arange(0, STEP)
-    for s in tl.static_range(0, CHUNK, STEP):
+    for s in range(0, tl.where(c < num_chunks, CHUNK, 0), STEP):
         i = c * CHUNK + s + r
         ok = i < pairs
         v = tl.load(ids_ptr + i, mask=ok, other=-1)
@@ -99,20 +105,17 @@ def _align_place(
         base += tl.sum(hit.to(tl.int32), axis=0)
     # blocks: owner = the first expert whose padded group ends after the block's start (E: none)
     end_real = tl.where(e < E, end, 2147483647)
-    lo = c * blocks_per_prog
-    hi = tl.minimum(lo + blocks_per_prog, num_blocks)
-    for b0 in range(lo, hi, BB):
-        b = b0 + tl.arange(0, BB)
-        b_ok = b < hi
-        b_start = b * BLOCK_M
-        owner = tl.sum((end_real[None, :] <= b_start[:, None]).to(tl.int32), axis=1)
-        own = e[None, :] == owner[:, None]
-        o_start = tl.sum(tl.where(own, start[None, :], 0), axis=1)
-        o_count = tl.sum(tl.where(own, total[None, :], 0), axis=1)  # 0 for owner >= E (ids lie below E)
-        tl.store(block_experts_ptr + b, tl.where(owner < E, owner, -1), mask=b_ok)
-        slot = b_start[:, None] + tl.arange(0, BLOCK_M)[None, :]
-        pad = slot - o_start[:, None] >= o_count[:, None]
-        tl.store(sorted_ptr + slot, tl.zeros((BB, BLOCK_M), tl.int32) + pairs, mask=b_ok[:, None] & pad)
+    b = c * BB + tl.arange(0, BB)
+    b_ok = b < num_blocks
+    b_start = b * BLOCK_M
+    owner = tl.sum((end_real[None, :] <= b_start[:, None]).to(tl.int32), axis=1)
+    own = e[None, :] == owner[:, None]
+    o_start = tl.sum(tl.where(own, start[None, :], 0), axis=1)
+    o_count = tl.sum(tl.where(own, total[None, :], 0), axis=1)  # 0 for owner >= E (ids lie below E)
+    tl.store(block_experts_ptr + b, tl.where(owner < E, owner, -1), mask=b_ok)
+    slot = b_start[:, None] + tl.arange(0, BLOCK_M)[None, :]
+    pad = slot - o_start[:, None] >= o_count[:, None]
+    tl.store(sorted_ptr + slot, tl.zeros((BB, BLOCK_M), tl.int32) + pairs, mask=b_ok[:, None] & pad)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
@@ -132,14 +135,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
     sorted_pairs = torch.empty(padded_len, dtype=torch.int32, device=dev)
     block_experts = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     if pairs:
-        chunks = triton.cdiv(pairs, ALIGN_CHUNK)
+        chunk = max(ALIGN_MIN_CHUNK, triton.next_power_of_2(triton.cdiv(pairs, ALIGN_MAX_CHUNKS)))
+        chunks = triton.cdiv(pairs, chunk)
         be = triton.next_power_of_2(num_experts)
         counts = torch.empty(chunks, be, dtype=torch.int32, device=dev)
-        _align_count[(chunks,)](flat, counts, pairs, CHUNK=ALIGN_CHUNK, STEP=ALIGN_STEP, BE=be)
-        _align_place[(chunks,)](
+        _align_count[(chunks,)](flat, counts, pairs, CHUNK=chunk, STEP=ALIGN_STEP, BE=be)
+        _align_place[(max(chunks, triton.cdiv(num_blocks, ALIGN_BLOCKS)),)](
             flat, counts, sorted_pairs, block_experts, pairs, num_experts, chunks, num_blocks,
-            triton.cdiv(num_blocks, chunks),
-            BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, STEP=ALIGN_STEP, BE=be, BB=ALIGN_BLOCKS,
+            BLOCK_M=block_m, CHUNK=chunk, STEP=ALIGN_STEP, BE=be, BB=ALIGN_BLOCKS,
         )
     return MoeAlignment(sorted_pairs, block_experts, pairs, block_m)
 
