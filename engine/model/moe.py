@@ -8,6 +8,7 @@ does a single all-reduce. The router is replicated and runs in float32.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import nn
 from k2bench.engine.model.config import ModelConfig
 from k2bench.engine.model.mxfp4 import BLOCK
 from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+
+if TYPE_CHECKING:
+    from k2bench.engine.kernels.backend import KernelBackend
 
 
 class DenseMLP(nn.Module):
@@ -89,7 +93,7 @@ class Experts(nn.Module):
         if inter % par.size:
             raise ValueError(f"moe_intermediate_size {inter} is not divisible by tp={par.size}")
         self.E, self.H, self.inter, self.local = E, H, inter, inter // par.size
-        self.released_for = None  # the backend left holding the only copy of the weights (see `prepare`)
+        self.released_for: KernelBackend | None = None  # the backend left with the only copy (see `prepare`)
         q = cfg.quant
         self.quantized = q is not None and q.is_quantized(f"{prefix}.0.gate_proj")
         if q is not None and not all(
