@@ -109,6 +109,9 @@ def float32_check(model_dir: Path, variants: list[str], gen: torch.Generator, ct
     In bf16 the variants' rounding differs (and a random router flips experts on tiny differences),
     so the bf16 timing rows only show how far apart they land; this is the correctness check: in
     float32 (A4W4's FP4 products are exact) only summation order separates the backends."""
+    # loaded for the torch backend, which keeps the experts' checkpoint layout: every variant swapped in
+    # below can run on it (a triton load would keep only the fast layout; the triton variants here build
+    # theirs on first use, so both layouts are held while this bench runs)
     model, cfg = load_model(model_dir, device="cuda", dtype="float32", backend="torch")
     num_blocks = batch * -(-ctx // BLOCK) + -(-prompt // BLOCK) + 8
     caches = [torch.randn(num_blocks, BLOCK, cfg.kv_cache_dim, device="cuda") for _ in range(cfg.num_hidden_layers)]
@@ -179,7 +182,7 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     rows = float32_check(args.model, variants, gen) if args.check else []
     t0 = time.perf_counter()
-    model, cfg = load_model(args.model, device="cuda", dtype=args.dtype, backend="torch")
+    model, cfg = load_model(args.model, device="cuda", dtype=args.dtype, backend="torch")  # see float32_check
     load_s = time.perf_counter() - t0
     print(f"copy bandwidth {bw:.0f} GB/s; model loaded in {load_s:.1f} s; quant mode {model.quant_mode}", flush=True)
     cfg_json = json.loads((args.model / "config.json").read_text())

@@ -34,15 +34,26 @@ class KernelBackend(Protocol):
     graph_decode: ClassVar[bool]
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         """y = x W^T. `weight_scale is None`: a float weight; otherwise packed MXFP4 [N, K/2] with E8M0
-        scales [N, K/32]. a4w4 quantises the activations per 32 along K first."""
+        scales [N, K/32]. a4w4 quantises the activations per 32 along K first, unless `x_quantized` says
+        the kernel before already did (`rms_norm(quantize=True)`, `swiglu(quantize=True)`)."""
         ...
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        quantize: bool = False,
+    ):
         """RMSNorm of x's rows (`layers.rms_norm_reference`). With `residual`: h = x + residual rounded to x's
-        dtype, returns (norm(h), h), so a decoder layer's residual add costs no pass of its own."""
+        dtype, returns (norm(h), h), so a decoder layer's residual add costs no pass of its own; with
+        `quantize` too, (norm(h), h, fake_quantize_mxfp4(norm(h))), the next A4W4 GEMM's input."""
+        ...
+
+    def swiglu(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+        """silu(gate) * up of x = [gate | up] [T, 2I] in x's dtype (`F.silu(gate) * up`); with `quantize`
+        then fake_quantize_mxfp4 of it, the down projection's A4W4 input."""
         ...
 
     def mla_rope_cache(
@@ -72,9 +83,12 @@ class KernelBackend(Protocol):
         w2_scale: torch.Tensor | None,
         *,
         a4w4: bool = False,
+        add: torch.Tensor | None = None,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         """Routed experts: SiLU-gated gate/up, down, weighted sum over each token's chosen experts (no
-        all-reduce)."""
+        all-reduce), in x's dtype; `add` [T, H] (the shared experts' output) is added as `out + add` would,
+        so a backend can do it in the same pass. `x_quantized`: x already holds A4W4's quantised values."""
         ...
 
     def dense_mlp(
@@ -86,10 +100,12 @@ class KernelBackend(Protocol):
         w2_scale: torch.Tensor | None,
         *,
         a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         """down(silu(gate(x)) * up(x)) of one SwiGLU MLP on every token (a dense layer's MLP, the shared
         experts): w13 [2L, H] holds the gate rows then the up rows, w2 [H, L]; each is a float weight or
-        packed MXFP4 with its scales, as in `linear` (no all-reduce)."""
+        packed MXFP4 with its scales, as in `linear` (no all-reduce). x_quantized: x already holds its
+        A4W4 values."""
         ...
 
     def route_experts(
@@ -102,9 +118,11 @@ class KernelBackend(Protocol):
 
     def prepare_moe(
         self, w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor | None
-    ) -> None:
+    ) -> bool:
         """Called once per expert stack after loading: a backend may build its own weight layout here
-        (raising BackendError for weights it cannot take); `fused_moe` still receives the checkpoint tensors."""
+        (raising BackendError for weights it cannot take). True when this backend's `fused_moe` will never
+        read the checkpoint tensors again, so the caller may release them (one copy of the experts in
+        memory); `fused_moe` still receives the same tensor objects."""
         ...
 
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:

@@ -49,24 +49,35 @@ class TorchBackend:
         self.device = device
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         if weight_scale is None:
             return F.linear(x, weight)
         w = dequantize_mxfp4(weight, weight_scale, x.dtype)
-        if a4w4:
+        if a4w4 and not x_quantized:
             x = fake_quantize_mxfp4(x)
         return F.linear(x, w)
 
-    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False):
-        gate, up = self.linear(x, w13, w13_scale, a4w4=a4w4).chunk(2, dim=-1)
-        return self.linear(F.silu(gate) * up, w2, w2_scale, a4w4=a4w4)
+    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False, x_quantized=False):
+        gate_up = self.linear(x, w13, w13_scale, a4w4=a4w4, x_quantized=x_quantized)
+        quant = a4w4 and w2_scale is not None  # SwiGLU, then the down GEMM's quantiser, in one op
+        return self.linear(self.swiglu(gate_up, quant), w2, w2_scale, a4w4=a4w4, x_quantized=quant)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        quantize: bool = False,
+    ):
         if residual is None:
             return rms_norm_reference(x, weight, eps)
         h = x + residual
-        return rms_norm_reference(h, weight, eps), h
+        y = rms_norm_reference(h, weight, eps)
+        return (y, h, fake_quantize_mxfp4(y)) if quantize else (y, h)
+
+    def swiglu(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        return fake_quantize_mxfp4(h) if quantize else h
 
     def mla_rope_cache(
         self, q_pe: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, rotary: Rotary, norm_weight: torch.Tensor,
@@ -101,8 +112,9 @@ class TorchBackend:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * scale, ids
 
-    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
-        """The checkpoint layout is this backend's layout."""
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """The checkpoint layout is this backend's layout: it must stay."""
+        return False
 
     def fused_moe(
         self,
@@ -115,14 +127,18 @@ class TorchBackend:
         w2_scale: torch.Tensor | None,
         *,
         a4w4: bool = False,
+        add: torch.Tensor | None = None,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         num_experts = w13.shape[0]
-        xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None else x  # per-row blocks: once for all experts
+        xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None and not x_quantized else x  # per-row blocks: once for all experts
         pairs = topk_ids.numel()
         if pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET):
-            return self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
-                                            a4w4=a4w4 and w2_scale is not None)
-        return self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            out = self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
+                                           a4w4=a4w4 and w2_scale is not None)
+        else:
+            out = self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        return out if add is None else out + add
 
     def _moe_expert_loop(
         self,

@@ -41,7 +41,7 @@ from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
 from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
 from k2bench.engine.kernels.triton_moe_fast import fast_config, fused_moe_fast
-from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
+from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm, swiglu
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata
@@ -117,10 +117,12 @@ GEMM_SPLIT_MAX_M = 64
 DEQUANT_MIN_M = 1024
 
 
-def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool) -> torch.Tensor:
+def dequant_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool,
+                   x_quantized: bool = False) -> torch.Tensor:
     """x @ dequant(W)^T through the BLAS: the same products as `mxfp4_matmul` on a GPU without FP4 units
     (weights decode exactly to bf16; A4W4 activations are quantise-dequantised, which bf16 holds)."""
-    xq = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16)  # what the kernel feeds its dot
+    # what the kernel feeds its dot
+    xq = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16)
     dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16  # float32 runs (checks) sum in float32
     return F.linear(xq.to(dtype), dequantize_mxfp4(weight, weight_scale, dtype)).to(x.dtype)
 
@@ -139,9 +141,13 @@ def _gemm_tiles(m: int, n: int) -> tuple[int, int]:
 
 
 def mxfp4_matmul(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool, split_k: int | None = None
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *, a4w4: bool, split_k: int | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
     """x [..., K] @ MXFP4 weight [N, K/2] (+ scales [N, K/32])^T -> [..., N] in x's dtype.
+
+    x_quantized (with a4w4): x already holds its MXFP4 values, so no fake quantisation here (on FP4
+    hardware they are still packed to codes and scales, which reproduces them exactly).
 
     split_k: K slices (None: `gemm_split_k`; 1: one program per output tile walks all of K). Slices
     write float32 partials that torch adds, so a split changes only the float32 summation order.
@@ -158,7 +164,7 @@ def mxfp4_matmul(
         # Without FP4 units dot_scaled upcasts both operands anyway; the quantise-dequantise of the
         # activations is exact in bf16, so the bf16 x FP4 form computes the same products, and
         # measured 1.05-2.3x faster on an H200 (bench/engine_kernel_tune.py).
-        x2, a4w4 = fake_quantize(x2), False
+        x2, a4w4 = (x2 if x_quantized else fake_quantize(x2)), False
     if a4w4:
         xa, xs = quantize_mxfp4(x2)
     else:
@@ -180,6 +186,13 @@ def mxfp4_matmul(
     if split > 1:
         y.copy_(out.sum(dim=0))  # one rounding to x's dtype, as the kernel's own store does
     return y.reshape(*lead, n)
+
+
+def _check_kept(w13: torch.Tensor) -> None:
+    if w13.numel() == 0:
+        raise BackendError("these experts' checkpoint layout was released at load (the backend that loaded them "
+                           "keeps only its fast layout); load with backend='torch' to switch backends or MoE "
+                           "variants afterwards")
 
 
 @dataclass
@@ -241,13 +254,14 @@ class TritonBackend(TorchBackend):
         self._one_expert: tuple[torch.Tensor, torch.Tensor] | None = None  # ids 0 / weights 1 per token
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, *, a4w4: bool = False,
+        x_quantized: bool = False,
     ) -> torch.Tensor:
         if weight_scale is None:
             return F.linear(x, weight)
         if x.numel() >= DEQUANT_MIN_M * x.shape[-1] and not native_fp4(x.device):
-            return dequant_linear(x, weight, weight_scale, a4w4=a4w4)
-        return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4)
+            return dequant_linear(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
+        return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
 
     def route_experts(self, scores, bias, *, top_k, n_group, topk_group, renormalize, scale):
         """One kernel (triton_routing) instead of the torch reference's dozen."""
@@ -267,6 +281,7 @@ class TritonBackend(TorchBackend):
         hit = self._fast.get(id(w13))
         if hit is not None and hit[0]() is w13:
             return hit[1]
+        _check_kept(w13)
         try:
             fast = relayout_experts(w13, w13_scale, w2, w2_scale)
         except NanScaleError as exc:
@@ -276,34 +291,42 @@ class TritonBackend(TorchBackend):
         self._fast[id(w13)] = (weakref.ref(w13), fast)
         return fast
 
-    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> None:
-        """Re-lay packed experts for the fast variant once, at load time (the checkpoint tensors stay
-        for backends swapped in later, e.g. by bench/engine_gpu_bench.py)."""
-        if w13_scale is not None and w2_scale is not None and self._moe_variant(w13.device) == "fast":
-            self._fast_experts(w13, w13_scale, w2, w2_scale)
+    def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """Re-lay packed experts for the fast variant once, at load time. True (the checkpoint tensors may
+        go) when the fast layout took them: this backend then reads only its own copy. A model that must
+        also run other backends or variants later (bench/engine_gpu_bench.py swaps them) is loaded with
+        the torch backend, whose `prepare_moe` keeps the checkpoint layout; the fast copy is then built
+        on first use, next to it."""
+        if w13_scale is None or w2_scale is None or self._moe_variant(w13.device) != "fast":
+            return False
+        return self._fast_experts(w13, w13_scale, w2, w2_scale) is not None
 
-    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+    def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False, add=None,
+                  x_quantized=False):
         if w13_scale is None or w2_scale is None:  # float experts: the reference path
-            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add,
+                                     x_quantized=x_quantized)
         variant = self._moe_variant(x.device)
         if variant == "fast":
             fast = self._fast_experts(w13, w13_scale, w2, w2_scale)
             if fast is not None:
-                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4)
+                return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4, add=add, x_quantized=x_quantized)
             variant = "dot_scaled"
-        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant)
+        _check_kept(w13)
+        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant,
+                               add=add, x_quantized=x_quantized)
 
-    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+    def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False, x_quantized=False):
         """Below DEQUANT_MIN_M rows on the fast variant, the MLP runs as a one-expert fused MoE: the fast
         layout's decode instead of dot_scaled's, and no bf16 round trip of gate/up between the GEMMs.
         Larger batches (prefill) dequantise for cuBLAS through `linear`, as before."""
         rows = x.numel() // x.shape[-1]
         if w13_scale is None or w2_scale is None or rows == 0 or rows >= DEQUANT_MIN_M \
                 or self._moe_variant(x.device) != "fast":
-            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
         fast = self._dense_experts(w13, w13_scale, w2, w2_scale)
         if fast is None:
-            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+            return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
         ids, weights = self._one_expert_routing(rows, x.device)
         x2 = x.reshape(rows, x.shape[-1])
         cfg = fast_config(rows, 1)
@@ -312,7 +335,8 @@ class TritonBackend(TorchBackend):
         blocks = triton.cdiv(rows, cfg.block_m)
         split1 = auto_split_k(blocks * triton.cdiv(fast.inter, cfg.block_n), triton.cdiv(fast.hidden, CHUNK))
         split2 = auto_split_k(blocks * triton.cdiv(fast.hidden, cfg.block_n), triton.cdiv(fast.inter, CHUNK))
-        y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, config=cfg, split_k=split1, down_split_k=split2)
+        y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, x_quantized=x_quantized, config=cfg, split_k=split1,
+                           down_split_k=split2)
         return y.reshape(*x.shape[:-1], fast.hidden)
 
     def _dense_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
@@ -391,8 +415,12 @@ class TritonBackend(TorchBackend):
         o_lat = mla_decode(q_lat, q_pe.to(q_lat.dtype), kv_cache, tables, lens, scale)
         return torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-        return rms_norm(x, weight, eps, residual)
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                 quantize: bool = False):
+        return rms_norm(x, weight, eps, residual, quantize)
+
+    def swiglu(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+        return swiglu(x, quantize)
 
     def mla_rope_cache(self, q_pe, kv, positions, rotary, norm_weight, eps, kv_cache, slot_mapping):
         return mla_rope_cache(q_pe, kv, positions, rotary.inv_freq(positions.device), rotary.mscale,

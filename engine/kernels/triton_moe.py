@@ -1,26 +1,28 @@
 """Fused routed-expert MoE for MXFP4 experts in Triton: each touched expert's packed weights read once per call.
 
 Design (the same shape as the usual "align, then grouped GEMM" fused MoE):
-1. `moe_align` sorts the T*k (token, expert) pairs by expert on the device and lays them out in a
-   buffer of static size, each expert's group padded to a multiple of BLOCK_M with a sentinel
-   (= T*k), and gives every BLOCK_M block its expert id (-1 for blocks past the last group).
-   Everything is sort / searchsorted / cumsum / scatter with shapes that depend only on
-   (T, k, E, BLOCK_M): no host synchronisation, so a step can be captured in a CUDA graph.
+1. `triton_moe_glue.moe_align` sorts the T*k (token, expert) pairs by expert on the device (two
+   kernels) and lays them out in a buffer of static size, each expert's group padded to a multiple of
+   BLOCK_M with a sentinel (= T*k), and gives every BLOCK_M block its expert id (-1 for blocks past
+   the last group). Shapes depend only on (T, k, E, BLOCK_M): no host synchronisation, so a step can
+   be captured in a CUDA graph.
 2. `_moe_gate_up`: one program per (block of sorted pairs, tile of L columns). It gathers the
    block's token rows of x (bf16), streams the expert's packed gate rows and the matching up rows
    along K = H, dequantises them in registers (or hands them to `tl.dot_scaled`) and keeps two
    float32 accumulators; it writes silu(gate) * up per pair into h [T*k, L].
 3. `_moe_down`: the same over H output columns with K = L, scaled by the pair's routing weight,
    written as float32 rows y [T*k, H] (each pair's row exactly once: deterministic).
-4. torch sums y over the k experts of each token in float32 and casts once to x's dtype.
+4. `triton_moe_glue.moe_combine` sums y over the k experts of each token in float32 and casts once
+   to x's dtype (one kernel).
 5. Split-K (decode, few pairs: `moe_split_k`): each GEMM's K is cut into slices that run as extra
    programs on grid axis 2. Gate/up slices write float32 partial gate and up sums [slice, pair, 2L];
-   torch adds them and only then applies silu(gate) * up and the usual rounding of h. Down slices
-   write weighted partial rows [slice, pair, H] that are added with the k experts. Partials instead
-   of atomics: the result stays deterministic; a split changes only the float32 summation order.
+   the bridge kernel (`moe_bridge`) adds them and only then applies silu(gate) * up and the usual
+   rounding of h. Down slices write weighted partial rows [slice, pair, H] that the combine adds with
+   the k experts. Partials instead of atomics: the result stays deterministic; a split changes only
+   the float32 summation order.
 
 Numerics: activations enter each GEMM as bf16 (W4), or fake-quantised MXFP4 values, which bf16
-holds exactly (A4W4: x before w13, h before w2, quantised by triton_quant.fake_quantize; h is then
+holds exactly (A4W4: x before w13 by triton_quant.fake_quantize, h before w2 by the bridge; h is
 kept in float32 until it is quantised). Weights are decoded exactly, except that in the "dequant"
 variant a scale code of 0 decodes as 0 (|w| < 2^-124) and a GPU may flush products below 2^-126.
 Accumulation is float32. Memory: h [T*k, L] (bf16, float32 in A4W4) and y [T*k, H] float32, e.g.
@@ -28,7 +30,7 @@ Accumulation is float32. Memory: h [T*k, L] (bf16, float32 in A4W4) and y [T*k, 
 
 Under TRITON_INTERPRET=1 (triton 3.9 here) two interpreter defects are worked around: tl.dot on bf16
 operands multiplies their raw bits (so operands are widened to float32 there, same products) and the
-float32 -> bf16 cast truncates (so h is stored as float32 and rounded by torch there). The GPU path
+float32 -> bf16 cast truncates (so h is stored as float32 and rounded by the bridge there). The GPU path
 (bf16 tl.dot, in-kernel round-to-nearest cast) is therefore not what the CPU tests execute.
 
 Two ways to get the weights into the matmul (`variant=`): "dequant" unpacks the nibbles, decodes
@@ -40,12 +42,12 @@ CUDA GPU or on CPU under TRITON_INTERPRET=1 (tests). Speed on a GPU is measured 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from k2bench.engine.kernels.triton_moe_glue import moe_align, moe_bridge, moe_combine
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.model.mxfp4 import BLOCK
 
@@ -76,51 +78,6 @@ def split_sizes(k: int, bk: int, split_k: int) -> tuple[int, int]:
     tiles = triton.cdiv(k, bk)
     per = triton.cdiv(tiles, max(1, min(split_k, tiles)))
     return triton.cdiv(tiles, per), per * bk
-
-
-@dataclass(frozen=True)
-class MoeAlignment:
-    """Pairs sorted by expert and padded per expert; all shapes static in (T, k, E, block_m)."""
-
-    sorted_pairs: torch.Tensor  # int32 [padded_len]: pair index t*k + j, or `sentinel` for padding
-    block_experts: torch.Tensor  # int32 [padded_len // block_m]: the block's expert, -1 if unused
-    sentinel: int  # = T * k
-    block_m: int
-
-
-def moe_align_sizes(num_pairs: int, num_experts: int, block_m: int) -> tuple[int, int]:
-    """(padded_len, num_blocks): at most min(E, pairs) groups are non-empty, each wasting < block_m slots."""
-    worst = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    blocks = triton.cdiv(worst, block_m)
-    return blocks * block_m, blocks
-
-
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
-    """Sort the (token, expert) pairs by expert into BLOCK_M-aligned groups, on the device.
-
-    Ids must lie in [0, num_experts); that is not checked (it would need a host sync).
-    """
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be [T, k], got shape {tuple(topk_ids.shape)}")
-    dev = topk_ids.device
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    pairs = flat.numel()
-    padded_len, num_blocks = moe_align_sizes(pairs, num_experts, block_m)
-    sorted_ids, order = torch.sort(flat, stable=True)
-    # start of each expert's run in the sorted list; starts[E] == pairs
-    starts = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=dev, dtype=torch.int64))
-    counts = starts[1:] - starts[:-1]
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-    rank = torch.arange(pairs, device=dev, dtype=torch.int64) - starts[sorted_ids]
-    dest = padded_start[sorted_ids] + rank
-    sorted_pairs = torch.full((padded_len,), pairs, dtype=torch.int32, device=dev)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
-    block_start = torch.arange(num_blocks, device=dev, dtype=torch.int64) * block_m
-    owner = torch.searchsorted(padded_end, block_start, right=True)  # first expert ending after the start
-    block_experts = torch.where(owner < num_experts, owner, torch.full_like(owner, -1)).to(torch.int32)
-    return MoeAlignment(sorted_pairs, block_experts, pairs, block_m)
 
 
 @triton.jit
@@ -326,8 +283,12 @@ def fused_moe_mxfp4(
     num_stages: int | None = None,
     split_k: int | None = 1,
     down_split_k: int | None = None,
+    add: torch.Tensor | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
+    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
+    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
 
     w13 [E, 2L, H/2] (gate rows then up rows) and w2 [E, H, L/2] are packed E2M1 with E8M0 scales
     [E, 2L, H/32] / [E, H, L/32]. Block sizes default by T*k/E (block_m), 64 (block_n) and the
@@ -344,7 +305,7 @@ def fused_moe_mxfp4(
     tokens, topk = topk_ids.shape
     pairs = tokens * topk
     if pairs == 0:
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if add is None else add.to(x.dtype, copy=True)
     bm = block_m or default_block_m(pairs, num_experts)
     if block_m is None and pairs >= PREFILL_PAIRS_PER_EXPERT * num_experts \
             and (block_n, num_warps, num_stages) == (64, 4, None):
@@ -373,18 +334,19 @@ def fused_moe_mxfp4(
     dot_scaled = variant == "dot_scaled"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
 
-    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
-    # A4W4 keeps h in float32 until it is quantised, as the torch backend does for float32 input.
-    # The interpreter's float32 -> bf16 cast truncates (the GPU's rounds to nearest even), so there
-    # h is stored as float32 and rounded by torch.
+    # x_quantized: x already holds A4W4's values (the norm before quantised it), bf16 holds them exactly
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
+    # A4W4 keeps h in float32 until the bridge quantises it, as the torch backend does for float32 input.
+    # The interpreter's float32 -> bf16 cast truncates (the GPU's rounds to nearest even), so there h is
+    # stored as float32 and rounded by the bridge. Split: float32 partial sums [slice, pair, gate | up]
+    # that the bridge adds before silu(gate) * up.
     if split1 > 1:
-        # float32 partial sums [slice, pair, gate | up]; silu(gate) * up of the complete sums, in the
-        # kernel's order, then the same rounding (bf16 or MXFP4) as the unsplit path
-        gu = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
-        h_buf, s_hp, s_hn, s_hs = gu, gu.stride(1), gu.stride(2), gu.stride(0)
+        h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
+        s_hp, s_hn, s_hs = h_buf.stride(1), h_buf.stride(2), h_buf.stride(0)
     else:
-        h = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16, device=x.device)
-        h_buf, s_hp, s_hn, s_hs = h, h.stride(0), h.stride(1), 0
+        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16,
+                            device=x.device)
+        s_hp, s_hn, s_hs = h_buf.stride(0), h_buf.stride(1), 0
     _moe_gate_up[(num_blocks, triton.cdiv(inter, bn1), split1)](
         xa, w13, w13_scale, h_buf, align.sorted_pairs, align.block_experts,
         pairs, topk, inter, hidden, ksplit1,
@@ -392,15 +354,7 @@ def fused_moe_mxfp4(
         w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), s_hp, s_hn, s_hs,
         DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split1 > 1, BM=bm, BN=bn1, BK=bk1, **launch,
     )
-    if split1 > 1:
-        gate, up = gu.sum(dim=0).split(inter, dim=1)
-        h = gate * torch.sigmoid(gate) * up
-        if not a4w4:
-            h = h.to(torch.bfloat16)
-    if a4w4:
-        h = fake_quantize(h, torch.bfloat16)
-    elif interpret:
-        h = h.to(torch.bfloat16)
+    h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
     y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
     _moe_down[(num_blocks, triton.cdiv(hidden, bn2), split2)](
@@ -410,6 +364,4 @@ def fused_moe_mxfp4(
         w2_scale.stride(0), w2_scale.stride(1), w2_scale.stride(2), y.stride(1), y.stride(2), y.stride(0),
         DOT_SCALED=dot_scaled, INTERPRET=interpret, SPLIT=split2 > 1, BM=bm, BN=bn2, BK=bk2, **launch,
     )
-    if split2 > 1:
-        y = y.sum(dim=0)
-    return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)
+    return moe_combine(y, topk, x.dtype, add)

@@ -15,10 +15,11 @@ N side (`swap=True`); `swap=False` is the usual orientation. With `desc`, weight
 through tensor descriptors (TMA on Hopper): Triton's pipeliner then keeps `num_stages` chunks in
 flight in shared memory and reads them straight into the wgmma operand layout, where pointer loads
 get no asynchronous copies (their values reach the MMA through the inline asm) and go through
-registers, shared memory and back. Pairs are sorted and padded per expert by `triton_moe.moe_align`; split-K writes
-float32 partials like `triton_moe` does, and so does the down GEMM: the k experts of a token are
-summed by torch afterwards (an epilogue reduce across programs would need atomics, whose order, and
-so whose float32 result, changes from run to run).
+registers, shared memory and back. Pairs are sorted and padded per expert by
+`triton_moe_glue.moe_align`; split-K writes float32 partials like `triton_moe` does, and so does the
+down GEMM: the bridge kernel between the GEMMs and the combine kernel after them (`triton_moe_glue`)
+add them up, the k experts of a token in a fixed order (an epilogue reduce across programs would need
+atomics, whose order, and so whose float32 result, changes from run to run).
 Under TRITON_INTERPRET=1 (no inline asm; bf16 arithmetic on raw bits) the same bits are decoded in
 float32; the GPU decodes are checked against the OCP table by tests/engine/kernels/
 test_triton_moe_fast.py on a GPU. Not run on ROCm: the PTX decode is CUDA-only, so an MI355X keeps
@@ -37,7 +38,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
-from k2bench.engine.kernels.triton_moe import moe_align, split_sizes
+from k2bench.engine.kernels.triton_moe import split_sizes
+from k2bench.engine.kernels.triton_moe_glue import moe_align, moe_bridge, moe_combine
 from k2bench.engine.kernels.triton_quant import fake_quantize
 
 
@@ -354,8 +356,12 @@ def fused_moe_fast(
     config: FastConfig | None = None,
     split_k: int = 1,
     down_split_k: int | None = None,
+    add: torch.Tensor | None = None,
+    x_quantized: bool = False,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype.
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
+    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
+    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
 
     Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
     float32 accumulation, deterministic); config None picks tiles by `fast_config`. split_k /
@@ -372,7 +378,7 @@ def fused_moe_fast(
     tokens, topk = topk_ids.shape
     pairs = tokens * topk
     if pairs == 0:
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if add is None else add.to(x.dtype, copy=True)
     num_experts = experts.w13.shape[0]
     cfg = config or fast_config(pairs, num_experts)
     split1, ksplit1 = split_sizes(hidden, CHUNK, split_k)
@@ -385,13 +391,14 @@ def fused_moe_fast(
     if cfg.desc:
         w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
-    xa = fake_quantize(x, torch.bfloat16) if a4w4 else x.to(torch.bfloat16).contiguous()
+    # x_quantized: x already holds A4W4's values (the norm before quantised it), bf16 holds them exactly
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
     if split1 > 1:
         h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
         s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
     else:
-        # A4W4 keeps h in float32 until it is quantised; the interpreter's bf16 cast truncates, so
-        # there torch rounds it (as in triton_moe)
+        # A4W4 keeps h in float32 until the bridge quantises it; so does the interpreter, whose bf16 cast
+        # truncates (the bridge rounds)
         h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpret else torch.bfloat16,
                             device=x.device)
         s_hp, s_hs = h_buf.stride(0), 0
@@ -402,16 +409,7 @@ def fused_moe_fast(
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
-    if split1 > 1:
-        gate, up = h_buf.sum(dim=0).split(inter, dim=1)
-        h = gate * torch.sigmoid(gate) * up
-        h = h if a4w4 else h.to(torch.bfloat16)
-    else:
-        h = h_buf
-    if a4w4:
-        h = fake_quantize(h, torch.bfloat16)
-    elif interpret:
-        h = h.to(torch.bfloat16)
+    h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
     y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
     _fast_down[(num_blocks, triton.cdiv(hidden, cfg.block_n), split2)](
@@ -421,6 +419,4 @@ def fused_moe_fast(
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
         BM=cfg.block_m, BN=cfg.block_n, **launch,
     )
-    if split2 > 1:
-        y = y.sum(dim=0)
-    return y.view(tokens, topk, hidden).sum(dim=1).to(x.dtype)
+    return moe_combine(y, topk, x.dtype, add)

@@ -1,4 +1,5 @@
-"""The decoder's glue as single Triton passes: RMSNorm with the residual add, and MLA's rope + cache write.
+"""The decoder's glue as single Triton passes: RMSNorm with the residual add (and the next GEMM's A4W4
+quantisation), SwiGLU (with the down projection's), and MLA's rope + cache write.
 
 In torch a bf16 RMSNorm is about eight kernels (upcast, square, mean, add, rsqrt, multiply, downcast,
 weight) and the residual add one more; MLA's step between the projections and attention (rope on the
@@ -7,9 +8,10 @@ decode step every one of them is a launch over a few kilobytes, so they cost mor
 (issue 11 asks for at most 50 kernels per decoder layer). Each kernel here reads its inputs once per
 token and writes the results where the next op reads them.
 
-Numerics follow `model.layers.rms_norm_reference` and `rope_reference`: statistics and rotation in
-float32, the residual sum and each output rounded to the model's dtype where torch rounds them; only the
-order of the sum of squares (and the last bit of cos/sin) can differ from torch.
+Numerics follow `model.layers.rms_norm_reference`, `rope_reference` and `F.silu(gate) * up`: statistics,
+rotation and SiLU in float32, the residual sum and each output rounded to the model's dtype where torch
+rounds them; only the order of the sum of squares (and the last bits of cos/sin and sigmoid) can differ
+from torch. The quantised outputs are `fake_quantize_mxfp4` of the kernel's own rounded output, bit for bit.
 Runs on a GPU, or on CPU under TRITON_INTERPRET=1 (tests/engine/kernels/test_triton_norm.py).
 """
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from k2bench.engine.kernels.triton_quant import mx_fake_quant, round_to
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -32,8 +36,8 @@ def _rms_row(h, w_ptr, cols, ok, D, eps, DT: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, D, s_x, s_r, s_y, s_h, eps,
-              RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, q_ptr, D, s_x, s_r, s_y, s_h, s_q, eps,
+              RESIDUAL: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < D
@@ -42,25 +46,67 @@ def _rms_norm(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, D, s_x, s_r, s_y, s_h, eps,
     if RESIDUAL:
         h = (h.to(tl.float32) + tl.load(r_ptr + t * s_r + cols, mask=ok, other=0.0).to(tl.float32)).to(dt)
         tl.store(h_ptr + t * s_h + cols, h, mask=ok)
-    tl.store(y_ptr + t * s_y + cols, _rms_row(h.to(tl.float32), w_ptr, cols, ok, D, eps, dt), mask=ok)
+    y = _rms_row(h.to(tl.float32), w_ptr, cols, ok, D, eps, dt)
+    tl.store(y_ptr + t * s_y + cols, y, mask=ok)
+    if QUANT:  # the next GEMM's A4W4 input: blocks of 32 along the row (zeros past D quantise to zeros)
+        q = tl.reshape(mx_fake_quant(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32))), (BLOCK,))
+        tl.store(q_ptr + t * s_q + cols, q.to(dt), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             quantize: bool = False):
     """RMSNorm over the last dim of x [T, D] (rows may be strided). With `residual` [T, D]: h = x + residual
-    in x's dtype, returns (norm(h), h); otherwise norm(x)."""
+    in x's dtype, returns (norm(h), h), and with `quantize` (norm(h), h, MXFP4 fake-quantised norm(h)) as
+    `model.mxfp4.fake_quantize_mxfp4` computes it; otherwise norm(x)."""
+    if quantize and (residual is None or x.shape[-1] % 32):
+        raise ValueError("rms_norm quantises only with a residual and a width that is a multiple of 32")
     if x.stride(-1) != 1:
         x = x.contiguous()
     T, D = x.shape
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
     h = torch.empty_like(y) if residual is not None else y
+    q = torch.empty_like(y) if quantize else y
     r = residual if residual is not None else x
     if r.stride(-1) != 1:
         r = r.contiguous()
     if T:
-        block = triton.next_power_of_2(D)
-        _rms_norm[(T,)](x, r, weight, y, h, D, x.stride(0), r.stride(0), y.stride(0), h.stride(0), eps,
-                        RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)))
-    return y if residual is None else (y, h)
+        block = max(32, triton.next_power_of_2(D))
+        _rms_norm[(T,)](x, r, weight, y, h, q, D, x.stride(0), r.stride(0), y.stride(0), h.stride(0), q.stride(0),
+                        eps, RESIDUAL=residual is not None, QUANT=quantize, BLOCK=block,
+                        num_warps=min(16, max(1, block // 512)))
+    if residual is None:
+        return y
+    return (y, h, q) if quantize else (y, h)
+
+
+@triton.jit
+def _swiglu(x_ptr, y_ptr, T, inter, s_x, s_y, QUANT: tl.constexpr, BF16: tl.constexpr, ROWS: tl.constexpr):
+    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    n = tl.program_id(1) * 32 + tl.arange(0, 32)
+    ok = (t < T)[:, None] & (n < inter)[None, :]
+    at = x_ptr + t.to(tl.int64)[:, None] * s_x + n[None, :]
+    g = tl.load(at, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(at + inter, mask=ok, other=0.0).to(tl.float32)
+    dt = y_ptr.dtype.element_ty
+    h = round_to(round_to(g * tl.sigmoid(g), dt, BF16) * u, dt, BF16)  # silu and the product each rounded, as torch
+    if QUANT:
+        h = mx_fake_quant(h)
+    tl.store(y_ptr + t.to(tl.int64)[:, None] * s_y + n[None, :], h.to(dt), mask=ok)
+
+
+def swiglu(x: torch.Tensor, quantize: bool = False) -> torch.Tensor:
+    """silu(gate) * up of x = [gate | up] [T, 2I] in x's dtype, rounded where torch's `F.silu(gate) * up`
+    rounds; with `quantize`, then MXFP4 fake-quantised per 32 (the down projection's A4W4 input)."""
+    T, two = x.shape
+    inter = two // 2
+    if two % 2 or x.stride(-1) != 1 or (quantize and inter % 32):
+        raise ValueError(f"swiglu needs [T, 2I] rows with unit stride (I a multiple of 32 to quantise), got {tuple(x.shape)}")
+    y = torch.empty(T, inter, dtype=x.dtype, device=x.device)
+    if T:
+        rows = 16
+        _swiglu[(triton.cdiv(T, rows), triton.cdiv(inter, 32))](
+            x, y, T, inter, x.stride(0), y.stride(0), QUANT=quantize, BF16=x.dtype == torch.bfloat16, ROWS=rows)
+    return y
 
 
 @triton.jit

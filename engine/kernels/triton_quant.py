@@ -24,11 +24,9 @@ ROWS = 64  # blocks of 32 per program
 
 
 @triton.jit
-def _fake_quant(x_ptr, y_ptr, num_blocks, ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    ok = rows < num_blocks
-    offs = rows.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    x = tl.load(x_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+def mx_fake_quant(x):
+    """Float32 blocks [R, 32] -> their MXFP4 quantise-dequantised values (float32); shared by the glue
+    kernels that quantise what they have just computed (triton_moe_glue's bridge)."""
     a = tl.abs(x)
     bad = tl.max(((x != x) | (a == float("inf"))).to(tl.int32), axis=1)
     amax = tl.max(tl.where(x != x, 0.0, a), axis=1)
@@ -50,8 +48,34 @@ def _fake_quant(x_ptr, y_ptr, num_blocks, ROWS: tl.constexpr):
     q = tl.where(m >= 3.5, 4.0, q)
     q = tl.where(m > 5.0, 6.0, q)
     q = tl.where(x < 0, -q, q) * scale[:, None]
-    q = tl.where(bad[:, None] != 0, float("nan"), q)
-    tl.store(y_ptr + offs, q.to(y_ptr.dtype.element_ty), mask=ok[:, None])
+    return tl.where(bad[:, None] != 0, float("nan"), q)
+
+
+@triton.jit
+def round_bf16(x):
+    """Float32 -> the nearest bf16 value (ties to even), kept in float32, so a later cast to bf16 is exact.
+    Why by hand: the CPU interpreter's float32 -> bf16 cast truncates where the GPU's rounds."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def round_to(x, dt: tl.constexpr, BF16: tl.constexpr):
+    """Float32 x rounded to dt's precision (nearest), kept in float32; BF16 says dt is bfloat16 (rounded by
+    `round_bf16`, which the interpreter gets right)."""
+    if BF16:
+        return round_bf16(x)
+    return x.to(dt).to(tl.float32)
+
+
+@triton.jit
+def _fake_quant(x_ptr, y_ptr, num_blocks, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = rows < num_blocks
+    offs = rows.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, mx_fake_quant(x).to(y_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 def fake_quantize(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:

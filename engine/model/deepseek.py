@@ -56,7 +56,11 @@ class DecoderLayer(nn.Module):
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, positions, meta, kv_cache, plan), residual)
+        attn = self.self_attn(h, positions, meta, kv_cache, plan)
+        if self.mlp.takes_quantized:  # the MLP's A4W4 input quantised in the norm's pass
+            h, residual, hq = self.post_attention_layernorm(attn, residual, quantize=True)
+            return self.mlp(h, hq), residual
+        h, residual = self.post_attention_layernorm(attn, residual)
         return self.mlp(h), residual
 
 

@@ -44,9 +44,10 @@ class RMSNorm(nn.Module):
         self.par = par
         self.weight = replicated_param((dim,), par.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """norm(x); with `residual`, (norm(x + residual), x + residual): the add fused into the norm."""
-        return self.par.backend.rms_norm(x, self.weight, self.eps, residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, quantize: bool = False):
+        """norm(x); with `residual`, (norm(x + residual), x + residual): the add fused into the norm; with
+        `quantize` too, a third output: the norm's MXFP4 fake-quantised values, for an A4W4 GEMM next."""
+        return self.par.backend.rms_norm(x, self.weight, self.eps, residual, quantize)
 
     def specs(self, name: str) -> Iterator[TensorSpec]:
         yield float_spec(f"{name}.weight", self.weight)

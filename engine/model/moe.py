@@ -8,6 +8,7 @@ does a single all-reduce. The router is replicated and runs in float32.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import nn
 from k2bench.engine.model.config import ModelConfig
 from k2bench.engine.model.mxfp4 import BLOCK
 from k2bench.engine.model.parallel import Linear, Parallel, TensorSpec, float_spec, replicated_param
+
+if TYPE_CHECKING:
+    from k2bench.engine.kernels.backend import KernelBackend
 
 
 class DenseMLP(nn.Module):
@@ -42,9 +46,16 @@ class DenseMLP(nn.Module):
         yield from self.gate_up.specs(f"{self.prefix}.up_proj", 1)
         yield from self.down.specs(f"{self.prefix}.down_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_quantized(self) -> bool:
+        """Whether the input may come already A4W4-quantised (`forward`'s xq): the first GEMM is MXFP4."""
+        return self.par.a4w4 and self.gate_up.quantized
+
+    def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """xq: x's A4W4 values, when the norm before wrote them (`takes_quantized`)."""
         gu, down = self.gate_up, self.down
-        y = self.par.backend.dense_mlp(x, gu.weight, gu.weight_scale, down.weight, down.weight_scale, a4w4=self.par.a4w4)
+        y = self.par.backend.dense_mlp(x if xq is None else xq, gu.weight, gu.weight_scale, down.weight,
+                                       down.weight_scale, a4w4=self.par.a4w4, x_quantized=xq is not None)
         return self.par.all_reduce(y) if self.reduce else y
 
 
@@ -82,6 +93,7 @@ class Experts(nn.Module):
         if inter % par.size:
             raise ValueError(f"moe_intermediate_size {inter} is not divisible by tp={par.size}")
         self.E, self.H, self.inter, self.local = E, H, inter, inter // par.size
+        self.released_for: KernelBackend | None = None  # the backend left with the only copy (see `prepare`)
         q = cfg.quant
         self.quantized = q is not None and q.is_quantized(f"{prefix}.0.gate_proj")
         if q is not None and not all(
@@ -145,12 +157,28 @@ class Experts(nn.Module):
         return lambda t: self.weight_loader(param, t, e, which, narrowed=True)
 
     def prepare(self) -> None:
-        """After loading: let the backend build its own layout of these weights (once)."""
-        self.par.backend.prepare_moe(self.w13, self.w13_scale, self.w2, self.w2_scale)
+        """After loading: let the backend build its own layout of these weights (once). When the backend
+        says it will only read that layout, the checkpoint tensors are emptied in place (the parameters
+        stay, so the backend still finds its copy by them), so the experts are not held twice."""
+        params = (self.w13, self.w13_scale, self.w2, self.w2_scale)
+        if self.par.backend.prepare_moe(*params):
+            for p in params:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            self.released_for = self.par.backend
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None,
+        x_quantized: bool = False,
+    ) -> torch.Tensor:
+        """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass;
+        x_quantized: x already holds its A4W4 values."""
+        if self.released_for is not None and self.par.backend is not self.released_for:
+            raise RuntimeError(f"{self.prefix}: the checkpoint layout of these experts was released at load, only "
+                               f"the {self.released_for.name} backend's own layout is left; load the model with "
+                               "backend='torch' to switch backends afterwards")
         return self.par.backend.fused_moe(
-            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4
+            x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add,
+            x_quantized=x_quantized,
         )
 
 
@@ -172,9 +200,14 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             yield from self.shared_experts.specs()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_quantized(self) -> bool:
+        """Whether the input may come already A4W4-quantised: every expert GEMM that reads it is MXFP4."""
+        shared = self.shared_experts
+        return self.par.a4w4 and self.experts.quantized and (shared is None or shared.takes_quantized)
+
+    def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """x feeds the float32 router; xq (x's A4W4 values, when the norm before wrote them) the experts."""
         weights, ids = self.gate(x)
-        y = self.experts(x, weights, ids)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
-        return self.par.all_reduce(y)
+        shared = self.shared_experts(x, xq) if self.shared_experts is not None else None
+        return self.par.all_reduce(self.experts(x if xq is None else xq, weights, ids, shared, xq is not None))

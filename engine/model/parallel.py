@@ -183,5 +183,7 @@ class Linear(nn.Module):
             return dequantize_mxfp4(self.weight, self.weight_scale, self.par.dtype)
         return self.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.par.backend.linear(x, self.weight, self.weight_scale, a4w4=self.par.a4w4)
+    def forward(self, x: torch.Tensor, *, x_quantized: bool = False) -> torch.Tensor:
+        """x_quantized: x already holds A4W4's quantised values (the kernel before wrote them), so the
+        backend skips quantising it again."""
+        return self.par.backend.linear(x, self.weight, self.weight_scale, a4w4=self.par.a4w4, x_quantized=x_quantized)

@@ -29,11 +29,8 @@ pytestmark = pytest.mark.engine
 
 pytest.importorskip("triton")
 
-from k2bench.engine.kernels.triton_moe import (  # noqa: E402  (after the importorskip)
-    fused_moe_mxfp4,
-    moe_align,
-    moe_align_sizes,
-)
+from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4  # noqa: E402  (after the importorskip)
+from k2bench.engine.kernels.triton_moe_glue import moe_align_sizes  # noqa: E402
 
 CHILD = r"""
 import json, torch
@@ -168,66 +165,6 @@ def test_moe_auto_split():
     assert plan(8192, 384, 1024, 7168) == (1, 1)
     # the interpreted split case above (T=4, k=3 there): 2 slices of H, L too short
     assert moe_split_k(moe_align_sizes(12, 10, 16)[1], 96, 256, 64, 64, 32, 32) == (2, 1)
-
-
-def _check_alignment(ids: torch.Tensor, num_experts: int, block_m: int) -> None:
-    al = moe_align(ids, num_experts, block_m)
-    pairs = ids.numel()
-    padded_len, num_blocks = moe_align_sizes(pairs, num_experts, block_m)
-    assert al.sentinel == pairs and al.block_m == block_m
-    assert al.sorted_pairs.shape == (padded_len,) and al.block_experts.shape == (num_blocks,)
-    assert padded_len == num_blocks * block_m
-    sp = al.sorted_pairs.long()
-    real = sp[sp != pairs]
-    # every pair exactly once, everything else is the sentinel
-    assert torch.equal(torch.sort(real).values, torch.arange(pairs))
-    assert bool(((sp == pairs) | ((sp >= 0) & (sp < pairs))).all())
-    flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=num_experts)
-    used = 0
-    for b in range(num_blocks):
-        blk = sp[b * block_m:(b + 1) * block_m]
-        e = int(al.block_experts[b])
-        members = blk[blk != pairs]
-        if e < 0:
-            assert members.numel() == 0, (b, blk)
-            continue
-        used += 1
-        assert members.numel() > 0, (b, e)
-        assert bool((flat[members] == e).all()), (b, e, flat[members])
-        # padding only at the end of an expert's last block
-        assert bool((blk[:members.numel()] != pairs).all())
-    assert used == int(((counts + block_m - 1) // block_m).sum())
-    # used blocks come first, in expert order
-    be = al.block_experts
-    assert bool((be[:used] >= 0).all()) and bool((be[used:] == -1).all())
-    assert bool((be[1:used] >= be[:used - 1]).all())
-
-
-@pytest.mark.parametrize("block_m", [16, 32])
-def test_moe_align_layout(block_m):
-    g = torch.Generator().manual_seed(block_m)
-    E = 12
-    for T, k in [(1, 3), (3, 3), (12, 3), (40, 2), (5, 8)]:
-        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
-        ids[ids == 4] = 5  # expert 4 never used
-        _check_alignment(ids, E, block_m)
-    skew = torch.full((50, 2), 7)
-    skew[:, 1] = torch.arange(50) % 3
-    _check_alignment(skew, E, block_m)  # 50 pairs on expert 7: several blocks of one expert
-    distinct = torch.arange(12).view(4, 3)  # every pair its own expert: the worst padding
-    _check_alignment(distinct, E, block_m)
-
-
-def test_moe_align_sizes_are_static():
-    """The buffer sizes depend on (T, k, E, block_m) only, never on which experts were picked."""
-    E, bm = 16, 16
-    a = moe_align(torch.zeros(6, 4, dtype=torch.long), E, bm)  # all on one expert
-    b = moe_align(torch.arange(24).view(6, 4) % E, E, bm)  # spread over all
-    assert a.sorted_pairs.shape == b.sorted_pairs.shape
-    assert a.block_experts.shape == b.block_experts.shape
-    assert moe_align_sizes(24, E, bm) == (272, 17)  # 24 + 16 * 15 = 264, rounded up to whole blocks
-    assert moe_align_sizes(8, 384, 16) == (128, 8)  # decode: T=1, k=8 needs 8 blocks, not 384
 
 
 def test_rejects_bad_arguments():

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.engine
 
 CASES = r'''
 import torch
+import torch.nn.functional as F
 from k2bench.engine.kernels.torch_backend import TorchBackend
-from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm
+from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm, swiglu
+from k2bench.engine.model.mxfp4 import fake_quantize_mxfp4
 from k2bench.engine.model.config import RopeConfig
 from k2bench.engine.model.layers import Rotary, rms_norm_reference
 
@@ -43,6 +45,28 @@ def norm_cases(device):
     res["strided_f32_rel"] = float(((rms_norm(kv[:, :512], w[:512].to(device), 1e-6) -
                                      rms_norm_reference(kv[:, :512], w[:512].to(device), 1e-6)).abs().max()))
     res["empty_ok"] = rms_norm(xb[:0], wb, 1e-6).shape == (0, 7168)
+    # the A4W4 input of the next GEMM in the same pass: the torch quantiser's values of the kernel's own norm
+    yq, hq, q = rms_norm(xb, wb, 1e-6, rb, quantize=True)
+    res["quant_same_norm"] = bool(torch.equal(yq, y) and torch.equal(hq, h))
+    res["quant_bitequal"] = bool(torch.equal(q, fake_quantize_mxfp4(y)))
+    x96 = (torch.randn(3, 96, generator=g) * 3).to(device)  # width not a power of two: a partial last block
+    y96, _, q96 = rms_norm(x96, w[:96].to(device), 1e-6, torch.zeros_like(x96), quantize=True)
+    res["quant_bitequal_96"] = bool(torch.equal(q96, fake_quantize_mxfp4(y96)))
+    return res
+
+def swiglu_cases(device):
+    """silu(gate) * up against torch in each dtype, and its quantised form against the torch quantiser."""
+    g = torch.Generator().manual_seed(6)
+    res = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(19, 2 * 160, generator=g) * 3).to(dtype).to(device)
+        gate, up = x.chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+        got = swiglu(x)
+        q = swiglu(x, quantize=True)
+        res[str(dtype)[6:]] = {"ulps": ulps(got, ref), "rel": float((got.float() - ref.float()).abs().max() / ref.float().abs().max()),
+                               "dtype_ok": got.dtype == dtype and q.dtype == dtype and list(got.shape) == [19, 160],
+                               "quant_bitequal": bool(torch.equal(q, fake_quantize_mxfp4(got)))}
     return res
 
 def rope_cases(device):
@@ -91,7 +115,7 @@ def rope_cases(device):
     return res
 
 def compare(device):
-    return {"norm": norm_cases(device), "rope": rope_cases(device)}
+    return {"norm": norm_cases(device), "swiglu": swiglu_cases(device), "rope": rope_cases(device)}
 '''
 
 
@@ -103,6 +127,11 @@ def _check(res: dict, rounding_ulps: float) -> None:
     assert norm["residual_sum_ulps"] <= rounding_ulps and norm["empty_ok"]
     assert norm["bf16_ulps"] <= 1.0 + 2 * rounding_ulps  # one rounding apart (sum-of-squares order)
     assert norm["strided_f32_rel"] < 1e-5
+    assert norm["quant_same_norm"] and norm["quant_bitequal"] and norm["quant_bitequal_96"]
+    sw = res["swiglu"]
+    assert sw["float32"]["rel"] < 1e-6  # sigmoid's last bits
+    assert sw["bfloat16"]["ulps"] <= 1.0  # silu may round the other way, once
+    assert all(r["dtype_ok"] and r["quant_bitequal"] for r in sw.values()), sw
     assert set(res["rope"]) == {"float32_float32_inter", "float32_float32_halves", "bfloat16_bfloat16_inter",
                                 "bfloat16_bfloat16_halves", "bfloat16_float8_e4m3fn_inter",
                                 "bfloat16_float8_e4m3fn_halves"}

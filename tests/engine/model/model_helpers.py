@@ -231,14 +231,16 @@ def bf16_activation_reference(device: str = "cpu"):
     class Bf16ActivationReference(TorchBackend):
         name = "torch-bf16-activations"
 
-        def linear(self, x, weight, weight_scale, *, a4w4=False):
+        def linear(self, x, weight, weight_scale, *, a4w4=False, x_quantized=False):
             if weight_scale is None or a4w4:
-                return super().linear(x, weight, weight_scale, a4w4=a4w4)
+                return super().linear(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
             return F.linear(bf16(x), dequantize_mxfp4(weight, weight_scale, x.dtype))
 
-        def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False):
+        def fused_moe(self, x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, *, a4w4=False, add=None,
+                      x_quantized=False):
             if w13_scale is None or a4w4:
-                return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+                return super().fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add,
+                                         x_quantized=x_quantized)
             out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
             for t in range(x.shape[0]):
                 for j in range(topk_ids.shape[1]):
@@ -248,6 +250,6 @@ def bf16_activation_reference(device: str = "cpu"):
                     h = bf16(F.silu(gate) * up)
                     y = F.linear(h, dequantize_mxfp4(w2[e], w2_scale[e], x.dtype))
                     out[t] += float(topk_weights[t, j]) * y[0].float()
-            return out.to(x.dtype)
+            return out.to(x.dtype) if add is None else out.to(x.dtype) + add
 
     return Bf16ActivationReference(device)
