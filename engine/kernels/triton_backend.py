@@ -195,6 +195,14 @@ def _check_kept(w13: torch.Tensor) -> None:
                            "variants afterwards")
 
 
+def _dense_split(programs: int, k: int, rows: int) -> int:
+    """K slices of one dense GEMM run as a one-expert MoE: one expert gives few programs (e.g. 32 tiles of
+    64 rows for a 2048-wide shared expert), so K is split until the SMs all stream weights, but only as
+    far as the float32 partials (written, then read back) cost at most a quarter of the weight bytes."""
+    cap = max(1, (k * 17 // 32) // (rows * 8 * 4))  # a weight row is K * 17/32 bytes (E2M1 + E8M0)
+    return min(auto_split_k(programs, triton.cdiv(k, CHUNK)), cap)
+
+
 @dataclass
 class TritonPlan(AttentionPlan):
     """One step's attention plan: prefill chunks as the torch backend lists them, decodes as tensors."""
@@ -330,11 +338,9 @@ class TritonBackend(TorchBackend):
         ids, weights = self._one_expert_routing(rows, x.device)
         x2 = x.reshape(rows, x.shape[-1])
         cfg = fast_config(rows, 1)
-        # one expert gives few programs (e.g. 32 x 64-row tiles for a 2048-wide shared expert): split K
-        # so the GPU's SMs all stream weights
         blocks = triton.cdiv(rows, cfg.block_m)
-        split1 = auto_split_k(blocks * triton.cdiv(fast.inter, cfg.block_n), triton.cdiv(fast.hidden, CHUNK))
-        split2 = auto_split_k(blocks * triton.cdiv(fast.hidden, cfg.block_n), triton.cdiv(fast.inter, CHUNK))
+        split1 = _dense_split(blocks * triton.cdiv(fast.inter, cfg.block_n), fast.hidden, rows)
+        split2 = _dense_split(blocks * triton.cdiv(fast.hidden, cfg.block_n), fast.inter, rows)
         y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, x_quantized=x_quantized, config=cfg, split_k=split1,
                            down_split_k=split2)
         return y.reshape(*x.shape[:-1], fast.hidden)
