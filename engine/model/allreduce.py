@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -114,17 +115,21 @@ class AllReduce:
 
             if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) is None:
                 symm_mem.set_backend("CUDA")  # the peer-to-peer backend whose kernels one_shot_all_reduce is
-            group = dist.group.WORLD
+            group_name = dist.group.WORLD.group_name
+            if hasattr(symm_mem, "enable_symm_mem_for_group") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
+                with warnings.catch_warnings():  # needed before rendezvous in older torch, deprecated in newer
+                    warnings.simplefilter("ignore", FutureWarning)
+                    symm_mem.enable_symm_mem_for_group(group_name)
             buffers = {}
             for d in dtypes:
                 numel = max_bytes // torch.empty((), dtype=d).element_size()
                 buf = symm_mem.empty(numel, dtype=d, device=device)
-                symm_mem.rendezvous(buf, group)
+                symm_mem.rendezvous(buf, group_name)
                 buffers[d] = buf
         except Exception as exc:  # a failed rendezvous (no peer access, no IPC handles) leaves NCCL in charge
             return f"the symmetric-memory rendezvous failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         self.buffers, self.max_bytes = buffers, max_bytes
-        self.group_name = group.group_name
+        self.group_name = group_name
         self._fused_copy = _has_op("one_shot_all_reduce_copy_out")
         return None
 
@@ -134,20 +139,21 @@ class AllReduce:
         Small integers make every summation order exact, so the two must agree bit for bit."""
         rank = dist.get_rank()
         try:
+            gen = torch.Generator(device=device).manual_seed(1000 + rank)
             for d, buf in self.buffers.items():
-                gen = torch.Generator(device=device).manual_seed(1000 + rank)
-                n = min(buf.numel(), 3 * 7168)  # not a multiple of the kernel's block, and some rows of a real step
-                x = torch.randint(-8, 9, (n,), generator=gen, device=device).to(d)
-                ref = x.clone()
-                dist.all_reduce(ref)
-                got = x.clone()
-                if not self.use_one_shot(got):
-                    return f"the one-shot path does not take the test tensor ({d}, {got.nbytes} bytes)"
-                self(got)
-                torch.cuda.synchronize(device)
-                if not torch.equal(got, ref):
-                    bad = int((got != ref).sum())
-                    return f"its self-check differs from NCCL in {bad} of {n} elements ({d})"
+                # the whole buffer (every block of the kernel, several passes), and a few rows with a ragged end
+                for n in dict.fromkeys((buf.numel(), min(buf.numel(), 3 * 7168 + 2))):
+                    x = torch.randint(-8, 9, (n,), generator=gen, device=device).to(d)
+                    ref = x.clone()
+                    dist.all_reduce(ref)
+                    got = x.clone()
+                    if not self.use_one_shot(got):
+                        return f"the one-shot path does not take the test tensor ({d}, {got.nbytes} bytes)"
+                    self(got)
+                    torch.cuda.synchronize(device)
+                    if not torch.equal(got, ref):
+                        bad = int((got != ref).sum())
+                        return f"its self-check differs from NCCL in {bad} of {n} elements ({d})"
         except Exception as exc:
             return f"its self-check failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         finally:
