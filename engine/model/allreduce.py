@@ -61,15 +61,18 @@ class AllReduce:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_one_shot(x):
             self.calls["one-shot"] += 1
-            buf = self.buffers[x.dtype][: x.numel()].view(x.shape)
-            ops = torch.ops.symm_mem
-            if self._fused_copy:
-                return ops.one_shot_all_reduce_copy_out(buf, x, "sum", self.group_name, x)
-            buf.copy_(x)
-            return ops.one_shot_all_reduce_out(buf, "sum", self.group_name, x)
+            return self._one_shot(x)
         self.calls["nccl"] += 1
         dist.all_reduce(x)
         return x
+
+    def _one_shot(self, x: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers[x.dtype][: x.numel()].view(x.shape)
+        ops = torch.ops.symm_mem
+        if self._fused_copy:
+            return ops.one_shot_all_reduce_copy_out(buf, x, "sum", self.group_name, x)
+        buf.copy_(x)
+        return ops.one_shot_all_reduce_out(buf, "sum", self.group_name, x)
 
     # ---- start-up, on every rank in the same order --------------------------------------------------
     def setup(self, mode: str, max_bytes: int, device: torch.device, dtypes: tuple[torch.dtype, ...],
@@ -143,15 +146,16 @@ class AllReduce:
             for d, buf in self.buffers.items():
                 # the whole buffer (every block of the kernel, several passes), and a few rows with a ragged end
                 for n in dict.fromkeys((buf.numel(), min(buf.numel(), 3 * 7168 + 2))):
-                    x = torch.randint(-8, 9, (n,), generator=gen, device=device).to(d)
+                    # nonzero, so a kernel that misses a peer changes every element it touches
+                    mag = torch.randint(1, 9, (n,), generator=gen, device=device)
+                    x = (mag * (torch.randint(0, 2, (n,), generator=gen, device=device) * 2 - 1)).to(d)
                     ref = x.clone()
                     dist.all_reduce(ref)
                     got = x.clone()
                     if not self.use_one_shot(got):
                         return f"the one-shot path does not take the test tensor ({d}, {got.nbytes} bytes)"
                     self(got)
-                    torch.cuda.synchronize(device)
-                    if not torch.equal(got, ref):
+                    if not torch.equal(got, ref):  # a host bool: waits for both sums
                         bad = int((got != ref).sum())
                         return f"its self-check differs from NCCL in {bad} of {n} elements ({d})"
         except Exception as exc:

@@ -139,3 +139,67 @@ def test_tp2_engine_on_cpu_logs_the_fallback_once_and_keeps_tp1_tokens(tmp_path,
     assert _generate(d, 2, "nccl") == want
     with pytest.raises(EngineConfigError, match="^--all-reduce one-shot cannot run here: it needs CUDA devices"):
         _generate(d, 2, "one-shot")
+
+
+class _FakeOneShot:
+    """Stands in for the symmetric-memory kernel on gloo: a correct sum, or a broken one that skips the peers."""
+
+    def __init__(self, broken: bool):
+        self.broken = broken
+
+    def install(self, monkeypatch, allreduce) -> None:
+        broken = self.broken
+
+        def rendezvous(r, dtypes, max_bytes, device):
+            r.buffers = {d: torch.empty(max_bytes // torch.empty((), dtype=d).element_size(), dtype=d) for d in dtypes}
+            r.max_bytes = max_bytes
+            return None
+
+        def one_shot(r, x):
+            import torch.distributed as dist
+
+            if not broken:
+                dist.all_reduce(x)
+            return x
+
+        monkeypatch.setattr(allreduce, "_local_obstacle", lambda *a: None)
+        monkeypatch.setattr(allreduce.AllReduce, "_try_rendezvous", rendezvous)
+        monkeypatch.setattr(allreduce.AllReduce, "_one_shot", one_shot)
+
+
+def _self_check_rank(rank: int, world: int, port: int, out: str, broken: bool) -> None:
+    import torch.distributed as dist
+
+    from k2bench.engine.model import allreduce
+
+    torch.set_num_threads(1)
+    mp_ = pytest.MonkeyPatch()
+    _FakeOneShot(broken).install(mp_, allreduce)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    r = allreduce.AllReduce()
+    res = {"line": r.setup("auto", 4096, torch.device("cpu"), (torch.float32,), rank=rank)}
+    small, large = torch.full((8, 8), float(rank + 1)), torch.full((8, 256), float(rank + 1))  # 256 B, 8 KiB
+    r(small)
+    r(large)
+    res["calls"] = dict(r.calls)
+    res["sums"] = (small.unique().tolist(), large.unique().tolist())
+    torch.save(res, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_self_check_keeps_a_correct_one_shot_and_turns_a_wrong_one_off(tmp_path, broken):
+    out = str(tmp_path / "res")
+    mp.start_processes(_self_check_rank, args=(2, free_port(), out, broken), nprocs=2, join=True,
+                       start_method="fork")
+    for k in (0, 1):
+        res = torch.load(f"{out}.{k}")
+        assert res["sums"] == ([3.0], [3.0])  # the model's sums are right either way
+        if broken:
+            # the broken kernel returned each rank's own part: every element differed from the real sum
+            assert res["line"] == ("all-reduce: gloo only; one-shot is off because its self-check differs from "
+                                   "NCCL in 1024 of 1024 elements (torch.float32)")
+            assert res["calls"] == {"one-shot": 0, "nccl": 2}
+        else:
+            assert res["line"] == "all-reduce: one-shot over symmetric memory up to 4096 bytes (float32), gloo above"
+            assert res["calls"] == {"one-shot": 1, "nccl": 1}  # 256 B took one-shot, 8 KiB went to gloo
