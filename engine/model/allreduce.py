@@ -116,8 +116,7 @@ class AllReduce:
         try:
             from torch.distributed import _symmetric_memory as symm_mem
 
-            if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) is None:
-                symm_mem.set_backend("CUDA")  # the peer-to-peer backend whose kernels one_shot_all_reduce is
+            _prefer_cuda_backend(symm_mem, device)
             group_name = dist.group.WORLD.group_name
             if hasattr(symm_mem, "enable_symm_mem_for_group") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
                 with warnings.catch_warnings():  # needed before rendezvous in older torch, deprecated in newer
@@ -137,32 +136,51 @@ class AllReduce:
         return None
 
     def _self_check(self, device: torch.device) -> str | None:
-        """One one-shot result against NCCL's on a test tensor per dtype; any difference turns it off.
+        """One-shot results against NCCL's on test tensors per dtype; any difference turns it off.
 
-        Small integers make every summation order exact, so the two must agree bit for bit."""
+        Tried with the in-kernel copy first where torch has it, then with a separate copy, since the
+        fused op is the newer one; the first that runs decides."""
+        error = ""
+        for fused in ((True, False) if self._fused_copy else (False,)):
+            self._fused_copy = fused
+            try:
+                return self._compare_with_nccl(device)
+            except Exception as exc:
+                error = error or f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            finally:
+                self.calls = {"one-shot": 0, "nccl": 0}
+        return f"its self-check failed ({error})"
+
+    def _compare_with_nccl(self, device: torch.device) -> str | None:
+        """Small nonzero integers make every summation order exact: the two must agree bit for bit."""
         rank = dist.get_rank()
-        try:
-            gen = torch.Generator(device=device).manual_seed(1000 + rank)
-            for d, buf in self.buffers.items():
-                # the whole buffer (every block of the kernel, several passes), and a few rows with a ragged end
-                for n in dict.fromkeys((buf.numel(), min(buf.numel(), 3 * 7168 + 2))):
-                    # nonzero, so a kernel that misses a peer changes every element it touches
-                    mag = torch.randint(1, 9, (n,), generator=gen, device=device)
-                    x = (mag * (torch.randint(0, 2, (n,), generator=gen, device=device) * 2 - 1)).to(d)
-                    ref = x.clone()
-                    dist.all_reduce(ref)
-                    got = x.clone()
-                    if not self.use_one_shot(got):
-                        return f"the one-shot path does not take the test tensor ({d}, {got.nbytes} bytes)"
-                    self(got)
-                    if not torch.equal(got, ref):  # a host bool: waits for both sums
-                        bad = int((got != ref).sum())
-                        return f"its self-check differs from NCCL in {bad} of {n} elements ({d})"
-        except Exception as exc:
-            return f"its self-check failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-        finally:
-            self.calls = {"one-shot": 0, "nccl": 0}
+        gen = torch.Generator(device=device).manual_seed(1000 + rank)
+        for d, buf in self.buffers.items():
+            # the whole buffer (every block of the kernel, several passes), and a few rows with a ragged end
+            for n in dict.fromkeys((buf.numel(), min(buf.numel(), 3 * 7168 + 2))):
+                # nonzero, so a kernel that misses a peer changes every element it touches
+                mag = torch.randint(1, 9, (n,), generator=gen, device=device)
+                x = (mag * (torch.randint(0, 2, (n,), generator=gen, device=device) * 2 - 1)).to(d)
+                ref = x.clone()
+                dist.all_reduce(ref)
+                got = x.clone()
+                if not self.use_one_shot(got):
+                    return f"the one-shot path does not take the test tensor ({d}, {got.nbytes} bytes)"
+                self(got)
+                if not torch.equal(got, ref):  # a host bool: waits for both sums
+                    bad = int((got != ref).sum())
+                    return f"its self-check differs from NCCL in {bad} of {n} elements ({d})"
         return None
+
+
+def _prefer_cuda_backend(symm_mem, device: torch.device) -> None:
+    """Pin the peer-to-peer backend that one_shot_all_reduce's kernels are written for, where torch lets us
+    choose (NVSHMEM would also serve, with a heavier start); a torch that cannot keeps its default."""
+    try:
+        if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) is None:
+            symm_mem.set_backend("CUDA")
+    except Exception:
+        log.debug("symmetric memory keeps its default backend", exc_info=True)
 
 
 def _has_op(name: str) -> bool:
