@@ -118,8 +118,8 @@ class AllReduce:
 
             _prefer_cuda_backend(symm_mem, device)
             group_name = dist.group.WORLD.group_name
-            if hasattr(symm_mem, "enable_symm_mem_for_group") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
-                with warnings.catch_warnings():  # needed before rendezvous in older torch, deprecated in newer
+            if torch.__version__ < "2.11":  # before 2.11 the group's store had to be registered first (deprecated since)
+                with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)
                     symm_mem.enable_symm_mem_for_group(group_name)
             buffers = {}
