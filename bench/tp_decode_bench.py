@@ -137,6 +137,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
         args.out.write_text(json.dumps({
             "model": args.model, "tp": args.tp, "ctx": args.ctx, "dtype": str(model.par.dtype),
             "a4w4": model.par.a4w4, "one_shot_max_bytes": args.one_shot_max_bytes, "reps": args.reps,
+            "all_reduces_per_step": 2 * cfg.num_hidden_layers,  # after o_proj and after the MLP/MoE, per layer
             "torch": torch.__version__, "device": torch.cuda.get_device_name(dev), "rows": rows}, indent=2))
     if args.tp > 1:
         dist.destroy_process_group()
@@ -159,10 +160,13 @@ def main() -> int:
         raise SystemExit(f"--tp {args.tp} needs {args.tp} CUDA devices; this machine has {torch.cuda.device_count()}")
     mp.start_processes(rank_main, args=(args, free_port()), nprocs=args.tp, join=True, start_method="spawn")
     data = json.loads(args.out.read_text())
-    print(f"{'mode':>9} {'batch':>5} {'step ms':>8} {'AR us':>7} {'one-shot':>8} {'= first mode':>12}")
+    n_ar = data["all_reduces_per_step"]
+    # AR share: the step's all-reduces timed alone (n_ar of them) over the step time
+    print(f"{'mode':>9} {'batch':>5} {'step ms':>8} {'AR us':>7} {'AR share':>8} {'one-shot':>8} {'= first mode':>12}")
     for r in data["rows"]:
         same = r.get("logits_equal_first_mode", "ref")
-        print(f"{r['mode']:>9} {r['batch']:>5} {r['step_ms']:>8.3f} {r.get('all_reduce_alone_us', 0):>7.1f} "
+        ar = r.get("all_reduce_alone_us", 0.0)
+        print(f"{r['mode']:>9} {r['batch']:>5} {r['step_ms']:>8.3f} {ar:>7.1f} {ar * n_ar / 10 / r['step_ms']:>7.1f}% "
               f"{str(r.get('one_shot_taken', '-')):>8} {str(same):>12}")
     return 0
 
