@@ -92,17 +92,9 @@ class Workers:
             time.sleep(0.2)
 
     def shutdown_hard(self) -> None:
-        """Startup failed on rank 0: the workers may be stuck in a collective, so kill them, and leave
-        this process free to start another group (an engine built in-process, as tests do)."""
+        """Startup failed on rank 0: the workers may be stuck in a collective, so kill them."""
         self._closing = True
         self._kill_all()
-        for p in self.procs:
-            p.wait()
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # the startup error is what the user needs to see, not this one
-                log.debug("destroying the process group after a failed start", exc_info=True)
 
     def _kill_all(self) -> None:
         for p in self.procs:

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"start-up fails where one-shot cannot run) (default {rt.all_reduce})")
     g.add_argument("--one-shot-max-bytes", type=int, default=None,
                    help=f"largest tensor the one-shot all-reduce takes (default {rt.one_shot_max_bytes}: "
-                        "32 tokens of hidden 7168 in bf16)")
+                        "room for 32 tokens of hidden 7168 in bf16)")
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
                    help="admit new prefills only after the oldest waited factor x the last prefill step "
                         f"(default {rt.scheduler_delay_factor:g}: no delay)")

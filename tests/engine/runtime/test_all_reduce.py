@@ -5,6 +5,8 @@ fails cleanly when one-shot is forced), and that a TP 2 engine's greedy tokens s
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -127,7 +129,6 @@ def _generate(model_dir, tp: int, mode: str) -> list[list[int]]:
 
 def test_tp2_engine_on_cpu_logs_the_fallback_once_and_keeps_tp1_tokens(tmp_path, caplog):
     from k2bench.engine.model.tiny import write_tiny_checkpoint
-    from k2bench.engine.runtime.build import EngineConfigError
 
     d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=5)
     want = _generate(d, 1, "auto")
@@ -137,8 +138,18 @@ def test_tp2_engine_on_cpu_logs_the_fallback_once_and_keeps_tp1_tokens(tmp_path,
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("all-reduce:")]
     assert lines == ["all-reduce: gloo only; one-shot is off because it needs CUDA devices (the group runs gloo on cpu)"]
     assert _generate(d, 2, "nccl") == want
-    with pytest.raises(EngineConfigError, match="^--all-reduce one-shot cannot run here: it needs CUDA devices"):
-        _generate(d, 2, "one-shot")
+
+
+def test_forced_one_shot_where_it_cannot_run_is_a_one_line_error(tmp_path):
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
+
+    d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=5)
+    p = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "serve", "--model", str(d), "--tp", "2",
+                        "--device", "cpu", "--all-reduce", "one-shot", "--num-kv-blocks", "64", "--max-model-len",
+                        "256", "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2
+    assert "k2bench: error: --all-reduce one-shot cannot run here: it needs CUDA devices" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
 
 
 class _FakeOneShot:
