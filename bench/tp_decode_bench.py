@@ -105,8 +105,8 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
     for mode in modes:
         line = "tp 1: no all-reduce"
         if args.tp > 1:
-            line = model.par.reducer.setup(mode, args.one_shot_max_bytes, dev, (model.par.dtype, torch.float32),
-                                           rank=rank)
+            line = model.par.reducer.setup(args.one_shot_max_bytes, dev, (model.par.dtype, torch.float32),
+                                           enabled=mode != "nccl", required=mode == "one-shot", rank=rank)
         graphs = DecodeGraphs(model, caches, scratch_block=num_blocks, block_size=bs, max_blocks=per_seq,
                               max_batch=batches[-1], device=dev, buckets=batches)
         graphs.capture()

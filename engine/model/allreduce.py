@@ -23,9 +23,6 @@ import warnings
 import torch
 import torch.distributed as dist
 
-# the modes' one home is the torch-free runtime settings, which the CLI reads without importing torch
-from k2bench.engine.runtime.runtime_config import ALL_REDUCE_MODES as MODES
-
 log = logging.getLogger(__name__)
 
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)  # what the symmetric-memory kernel is compiled for
@@ -75,19 +72,18 @@ class AllReduce:
         return ops.one_shot_all_reduce_out(buf, "sum", self.group_name, x)
 
     # ---- start-up, on every rank in the same order --------------------------------------------------
-    def setup(self, mode: str, max_bytes: int, device: torch.device, dtypes: tuple[torch.dtype, ...],
-              rank: int = 0) -> str:
+    def setup(self, max_bytes: int, device: torch.device, dtypes: tuple[torch.dtype, ...], *,
+              enabled: bool = True, required: bool = False, rank: int = 0) -> str:
         """Pick the path for this group and return the one line that says which (rank 0 logs it).
 
-        `auto` falls back to NCCL where one-shot cannot run here or disagrees with NCCL; `one-shot`
-        raises `OneShotUnavailable` instead; `nccl` never sets anything up. Collective: every rank of
-        the default group must call it with the same arguments, before any CUDA graph is captured."""
-        if mode not in MODES:
-            raise ValueError(f"all-reduce mode must be one of {', '.join(MODES)} (got {mode})")
+        Falls back to NCCL where one-shot cannot run here or disagrees with NCCL, or raises
+        `OneShotUnavailable` instead when it is `required`; sets nothing up unless `enabled`.
+        Collective: every rank of the default group must call it with the same arguments, before any
+        CUDA graph is captured."""
         self.buffers, self.max_bytes = {}, 0
         backend = dist.get_backend()
-        if mode == "nccl":
-            line = f"all-reduce: {backend} (one-shot off: --all-reduce nccl)"
+        if not enabled:
+            line = f"all-reduce: {backend} (one-shot not asked for)"
         else:
             wanted = tuple(d for d in dict.fromkeys(dtypes) if d in ONE_SHOT_DTYPES)
             reason = _agree(_local_obstacle(device, wanted, max_bytes), device)
@@ -101,8 +97,8 @@ class AllReduce:
                         f"{backend} above")
             else:
                 self.buffers, self.max_bytes = {}, 0
-                if mode == "one-shot":
-                    raise OneShotUnavailable(f"--all-reduce one-shot cannot run here: {reason}")
+                if required:
+                    raise OneShotUnavailable(reason)
                 line = f"all-reduce: {backend} only; one-shot is off because {reason}"
         if rank == 0:
             log.info("%s", line)
@@ -198,7 +194,7 @@ def _local_obstacle(device: torch.device, dtypes: tuple[torch.dtype, ...], max_b
     if torch.version.hip is not None:
         return "it is unverified on ROCm"
     if max_bytes < _ALIGN:
-        return f"--one-shot-max-bytes is {max_bytes}"
+        return f"its size limit is {max_bytes} bytes"
     if not dtypes:
         return "the model's dtypes are not bfloat16 or float32"
     try:

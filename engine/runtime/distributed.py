@@ -55,9 +55,10 @@ def setup_all_reduce(model, mode: str, max_bytes: int, device: str) -> None:
 
     par = model.par
     try:
-        par.reducer.setup(mode, max_bytes, torch.device(device), (par.dtype, torch.float32), rank=par.rank)
+        par.reducer.setup(max_bytes, torch.device(device), (par.dtype, torch.float32), enabled=mode != "nccl",
+                          required=mode == "one-shot", rank=par.rank)
     except OneShotUnavailable as exc:
-        raise EngineConfigError(str(exc)) from None
+        raise EngineConfigError(f"--all-reduce one-shot cannot run here: {exc}") from None
 
 
 def cpu_threads(world_size: int) -> int:

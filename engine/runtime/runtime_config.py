@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
-ALL_REDUCE_MODES = ("auto", "nccl", "one-shot")  # engine/model/allreduce.py's modes, named here without torch
+ALL_REDUCE_MODES = ("auto", "nccl", "one-shot")  # what engine/model/allreduce.py is set up to do (distributed.py)
 # 32 tokens of Kimi-K2's hidden 7168 in bf16 (448 KiB) fit: decode batches up to 32 take the one-shot kernel
 ONE_SHOT_MAX_BYTES = 512 * 1024
 

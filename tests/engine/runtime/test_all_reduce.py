@@ -75,15 +75,15 @@ def _gloo_rank(rank: int, world: int, port: int, out: str) -> None:
     res: dict = {}
     cpu = torch.device("cpu")
     r = allreduce.AllReduce()
-    res["auto"] = r.setup("auto", 1 << 19, cpu, (torch.bfloat16, torch.float32), rank=rank)
+    res["auto"] = r.setup(1 << 19, cpu, (torch.bfloat16, torch.float32), rank=rank)
     res["auto_one_shot"] = r.one_shot
     x = torch.full((4, 8), float(rank + 1))
     r(x)
     res["sum"] = x.tolist()
     res["calls"] = dict(r.calls)
-    res["nccl"] = r.setup("nccl", 1 << 19, cpu, (torch.float32,), rank=rank)
+    res["nccl"] = r.setup(1 << 19, cpu, (torch.float32,), enabled=False, rank=rank)
     try:
-        r.setup("one-shot", 1 << 19, cpu, (torch.float32,), rank=rank)
+        r.setup(1 << 19, cpu, (torch.float32,), required=True, rank=rank)
         res["forced"] = "no error"
     except allreduce.OneShotUnavailable as exc:
         res["forced"] = str(exc)
@@ -102,8 +102,8 @@ def test_gloo_group_falls_back_to_its_own_all_reduce_and_every_rank_agrees(tmp_p
         assert r["auto"] == "all-reduce: gloo only; one-shot is off because it needs CUDA devices (the group runs gloo on cpu)"
         assert r["auto_one_shot"] is False
         assert r["sum"] == [[3.0] * 8] * 4 and r["calls"] == {"one-shot": 0, "nccl": 1}
-        assert r["nccl"] == "all-reduce: gloo (one-shot off: --all-reduce nccl)"
-        assert r["forced"].startswith("--all-reduce one-shot cannot run here: it needs CUDA devices")
+        assert r["nccl"] == "all-reduce: gloo (one-shot not asked for)"
+        assert r["forced"] == "it needs CUDA devices (the group runs gloo on cpu)"
         assert r["agree_all"] is None
     assert r0["agree_mixed"] == "rank 0 has no peer access"
     assert r1["agree_mixed"] == "another rank could not set it up (see its log)"
@@ -188,7 +188,7 @@ def _self_check_rank(rank: int, world: int, port: int, out: str, broken: bool) -
     _FakeOneShot(broken).install(mp_, allreduce)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     r = allreduce.AllReduce()
-    res = {"line": r.setup("auto", 4096, torch.device("cpu"), (torch.float32,), rank=rank)}
+    res = {"line": r.setup(4096, torch.device("cpu"), (torch.float32,), rank=rank)}
     small, large = torch.full((8, 8), float(rank + 1)), torch.full((8, 256), float(rank + 1))  # 256 B, 8 KiB
     r(small)
     r(large)

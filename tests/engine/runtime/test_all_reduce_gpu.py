@@ -34,7 +34,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=dev)
     r = AllReduce()
-    res: dict = {"line": r.setup("one-shot", MAX_BYTES, dev, (torch.bfloat16, torch.float32), rank=rank)}
+    res: dict = {"line": r.setup(MAX_BYTES, dev, (torch.bfloat16, torch.float32), required=True, rank=rank)}
     gen = torch.Generator(device=dev).manual_seed(10 + rank)
     mismatches = []
     for n, h, d in CASES:
