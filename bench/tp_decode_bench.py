@@ -105,8 +105,9 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
     for mode in modes:
         line = "tp 1: no all-reduce"
         if args.tp > 1:
+            # not required: where one-shot cannot run, the row says so (its setup line, one_shot_taken false)
             line = model.par.reducer.setup(args.one_shot_max_bytes, dev, (model.par.dtype, torch.float32),
-                                           enabled=mode != "nccl", required=mode == "one-shot", rank=rank)
+                                           enabled=mode != "nccl", rank=rank)
         graphs = DecodeGraphs(model, caches, scratch_block=num_blocks, block_size=bs, max_blocks=per_seq,
                               max_batch=batches[-1], device=dev, buckets=batches)
         graphs.capture()
@@ -132,13 +133,13 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
             if rank == 0:
                 print(json.dumps(row), flush=True)
         graphs = None  # its memory back before the next mode's capture
-    if rank == 0:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "model": args.model, "tp": args.tp, "ctx": args.ctx, "dtype": str(model.par.dtype),
-            "a4w4": model.par.a4w4, "one_shot_max_bytes": args.one_shot_max_bytes, "reps": args.reps,
-            "all_reduces_per_step": 2 * cfg.num_hidden_layers,  # after o_proj and after the MLP/MoE, per layer
-            "torch": torch.__version__, "device": torch.cuda.get_device_name(dev), "rows": rows}, indent=2))
+        if rank == 0:  # after each mode, so a run cut short keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({
+                "model": args.model, "tp": args.tp, "ctx": args.ctx, "dtype": str(model.par.dtype),
+                "a4w4": model.par.a4w4, "one_shot_max_bytes": args.one_shot_max_bytes, "reps": args.reps,
+                "all_reduces_per_step": 2 * cfg.num_hidden_layers,  # after o_proj and after the MLP/MoE, per layer
+                "torch": torch.__version__, "device": torch.cuda.get_device_name(dev), "rows": rows}, indent=2))
     if args.tp > 1:
         dist.destroy_process_group()
 
@@ -150,7 +151,8 @@ def main() -> int:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[4, 32, 128])
     ap.add_argument("--ctx", type=int, default=8192, help="cached tokens per sequence")
     ap.add_argument("--modes", type=lambda s: s.split(","), default=["nccl", "one-shot"],
-                    help="all-reduce modes in order; the first is the reference for tokens and logits")
+                    help="all-reduce modes in order (nccl, one-shot, auto; one-shot falls back and says so "
+                         "where it cannot run); the first is the reference for tokens and logits")
     ap.add_argument("--one-shot-max-bytes", type=int, default=4 << 20,
                     help="one-shot threshold while measuring (default 4 MiB: every batch asked takes it)")
     ap.add_argument("--reps", type=int, default=20)
