@@ -15,13 +15,14 @@ model is materialised (`to_empty` replaces meta parameters, so nothing is stored
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from k2bench.engine.model.allreduce import AllReduce
 from k2bench.engine.model.mxfp4 import BLOCK
 
 if TYPE_CHECKING:
@@ -37,10 +38,13 @@ class Parallel:
     dtype: torch.dtype = torch.float32
     a4w4: bool = False
     backend: KernelBackend | None = None  # the kernels every layer runs (None only before loading)
+    # NCCL until the runtime sets up one-shot for small tensors (allreduce.py); shared by every layer
+    reducer: AllReduce = field(default_factory=AllReduce, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the group in place (row-parallel partial sums); returns x."""
         if self.size > 1:
-            dist.all_reduce(x)
+            return self.reducer(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:

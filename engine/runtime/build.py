@@ -103,7 +103,7 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
     if opts.tp > 1:
         port = free_port()
         spec = {"model": str(opts.model), "device": device, "dtype": opts.dtype, "quant_mode": opts.quant_mode,
-                "backend": opts.backend}
+                "backend": opts.backend, "all_reduce": rt.all_reduce, "one_shot_max_bytes": rt.one_shot_max_bytes}
         workers = distributed.Workers(spec, opts.tp, port, device)
         if device == "cpu":
             torch.set_num_threads(distributed.cpu_threads(opts.tp))
@@ -126,6 +126,11 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
     if workers is not None:
         workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype],
                                 int(rt.cuda_graphs)])
+        try:
+            distributed.setup_all_reduce(model, rt.all_reduce, rt.one_shot_max_bytes, rank_dev)
+        except BaseException:
+            workers.shutdown_hard()
+            raise
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=rt.block_size, kv_code=KV_CODES[kv_dtype],
                          max_model_len=max_model_len, max_rows=rt.max_num_seqs, device=rank_dev,
                          cuda_graphs=rt.cuda_graphs)

@@ -46,6 +46,21 @@ def rank_device(device: str, rank: int) -> str:
     return device
 
 
+def setup_all_reduce(model, mode: str, max_bytes: int, device: str) -> None:
+    """Choose the model's all-reduce path (collective: every rank, same order, before graph capture).
+
+    A forced one-shot that cannot run here is a settings error the CLI shows in one line."""
+    from k2bench.engine.model.allreduce import OneShotUnavailable
+    from k2bench.engine.runtime.build import EngineConfigError
+
+    par = model.par
+    try:
+        par.reducer.setup(max_bytes, torch.device(device), (par.dtype, torch.float32), enabled=mode != "nccl",
+                          required=mode == "one-shot", rank=par.rank)
+    except OneShotUnavailable as exc:
+        raise EngineConfigError(f"--all-reduce one-shot cannot run here: {exc}") from None
+
+
 def cpu_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
@@ -144,6 +159,7 @@ def worker_main(spec: dict) -> None:
     model, cfg = load_model(spec["model"], device=device, dtype=spec["dtype"], quant_mode=spec["quant_mode"],
                             backend=spec["backend"], tp_rank=rank, tp_size=world)
     num_blocks, block_size, max_model_len, max_rows, kv_code, graphs = recv_ints(6, device)
+    setup_all_reduce(model, spec["all_reduce"], spec["one_shot_max_bytes"], device)
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_code=kv_code,
                          max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=bool(graphs))
     bdev = device if device.startswith("cuda") else "cpu"
@@ -161,4 +177,10 @@ def worker_main(spec: dict) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s tp-worker: %(message)s")
-    worker_main(json.loads(sys.argv[1]))
+    from k2bench.engine.runtime.build import EngineConfigError
+
+    try:
+        worker_main(json.loads(sys.argv[1]))
+    except EngineConfigError as exc:  # rank 0 hits the same setting and says so; no traceback here
+        print(f"tp-worker: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

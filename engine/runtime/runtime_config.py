@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
+ALL_REDUCE_MODES = ("auto", "nccl", "one-shot")  # what engine/model/allreduce.py is set up to do (distributed.py)
+# 32 tokens of Kimi-K2's hidden 7168 in bf16 (448 KiB) fit: decode batches up to 32 take the one-shot kernel
+ONE_SHOT_MAX_BYTES = 512 * 1024
 
 
 @dataclass
@@ -19,6 +22,8 @@ class RuntimeConfig:
     scheduler_delay_factor: float = 0.0
     kv_watermark: float = 0.01  # fraction of blocks kept free when admitting new (not preempted) requests
     cuda_graphs: bool = True  # replay captured decode steps on CUDA with the triton backend (--enforce-eager: off)
+    all_reduce: str = "auto"  # TP sum: one-shot over symmetric memory up to one_shot_max_bytes where it works, else NCCL
+    one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES  # largest tensor the one-shot all-reduce takes (its buffer size)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -38,5 +43,9 @@ class RuntimeConfig:
             raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)} (got {self.kv_cache_dtype})")
         if self.scheduler_delay_factor < 0:
             raise ValueError(f"--scheduler-delay-factor must be >= 0 (got {self.scheduler_delay_factor})")
+        if self.all_reduce not in ALL_REDUCE_MODES:
+            raise ValueError(f"--all-reduce must be one of {', '.join(ALL_REDUCE_MODES)} (got {self.all_reduce})")
+        if not 16 <= self.one_shot_max_bytes <= 1 << 30:
+            raise ValueError(f"--one-shot-max-bytes must be in 16..{1 << 30} (got {self.one_shot_max_bytes})")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark must be in [0, 1) (got {self.kv_watermark})")

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # The engine's own defaults and names, from its torch-free modules (imported here, not at module
     # level: this is the one door from the CLI into the engine), so --help shows the real values.
     from k2bench.engine.kernels import backend_names
-    from k2bench.engine.runtime.runtime_config import KV_CACHE_DTYPES, RuntimeConfig
+    from k2bench.engine.runtime.runtime_config import ALL_REDUCE_MODES, KV_CACHE_DTYPES, RuntimeConfig
 
     rt = RuntimeConfig()
     p = sub.add_parser("serve", help="serve a Kimi-K2 / DeepSeek-V3 checkpoint with the bundled engine",
@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False, default=None,
                    help="never replay CUDA graphs of decode steps (default: on CUDA with the triton backend "
                         "they are captured at start-up for batch sizes up to --max-num-seqs)")
+    g.add_argument("--all-reduce", default=None, choices=ALL_REDUCE_MODES,
+                   help="tensor-parallel sum: auto (one-shot over CUDA symmetric memory for tensors up to "
+                        "--one-shot-max-bytes, NCCL above; NCCL alone, with one log line, where one-shot cannot "
+                        "run or its start-up check disagrees with NCCL), nccl (always), one-shot (as auto, but "
+                        f"start-up fails where one-shot cannot run) (default {rt.all_reduce})")
+    g.add_argument("--one-shot-max-bytes", type=int, default=None,
+                   help=f"largest tensor the one-shot all-reduce takes (default {rt.one_shot_max_bytes}: "
+                        "room for 32 tokens of hidden 7168 in bf16)")
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
                    help="admit new prefills only after the oldest waited factor x the last prefill step "
                         f"(default {rt.scheduler_delay_factor:g}: no delay)")
