@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from k2bench.engine.runtime.runner import ModelRunner
@@ -75,8 +76,11 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def step(self) -> list[Sequence]:
-        """Run one batch; return the sequences that got a token (check `is_finished`)."""
+    def step(self, on_launch: Callable[[], None] | None = None) -> list[Sequence]:
+        """Run one batch; return the sequences that got a token (check `is_finished`).
+
+        `on_launch` runs once the batch is on its way (queued on the GPU: CUDA kernels and graph replays
+        return before they finish), while the step waits for its tokens."""
         t0 = time.monotonic()
         sched = self.scheduler.schedule(t0)
         for seq in sched.preempted:
@@ -91,6 +95,8 @@ class LLMEngine:
         if self.comm is not None:
             self.comm.broadcast_step(inp)
         logits = self.runner.execute(inp)
+        if on_launch is not None:
+            on_launch()
         tokens = self.runner.sample(logits, sched)
         updated = self.scheduler.postprocess(sched, tokens)
         for seq in updated:
@@ -178,8 +184,17 @@ class AsyncEngine:
             q.put_nowait(ev)
 
     def _run(self) -> None:
+        """The engine loop. A step's tokens go to the event loop only once the next step has been launched:
+        streaming them (a queue wake-up, an SSE chunk and a socket write per request) then runs while the
+        device computes, instead of taking the GIL from this thread's scheduling of the next step. With 128
+        streams that handover cost several milliseconds per step (bench/server_step_overhead.py)."""
         eng = self.engine
+        held = _Held(self)  # the last step's token events, not yet sent
         while True:
+            with self._cv:
+                idle = not self._inbox and not eng.has_work
+            if idle or self._stop:
+                held.send()  # nothing will be launched soon: do not sit on tokens
             with self._cv:
                 while not self._inbox and not eng.has_work and not self._stop:
                     self._cv.wait()
@@ -199,17 +214,21 @@ class AsyncEngine:
                         eng.finish(seq, cmd[2])
                 except Exception as exc:  # a request the engine refuses must not stop the loop
                     events.append((seq.seq_id, Event(None, "error", str(exc))))
+            if events:  # refusals go out at once
+                self.loop.call_soon_threadsafe(self._dispatch, events)
+                events = []
             if eng.has_work:
                 try:
-                    updated = eng.step()
+                    updated = eng.step(on_launch=held.send)
                 except Exception as exc:
                     log.exception("engine step failed")
                     if eng.comm is not None:  # tensor-parallel ranks may now be out of step: stop serving
                         self.fatal = f"engine step failed: {exc}"
+                    held.send()
                     events.extend(self._fail_all(f"engine step failed: {exc}"))
                     updated = []
-                for seq in updated:
-                    events.append((seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)))
+                held.send()  # a step that launched nothing (none schedulable) sends them here
+                held.events = [(seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)) for seq in updated]
                 if eng.idle_step:
                     time.sleep(0.001)  # work exists but none is schedulable yet: do not spin
             if events:
@@ -222,3 +241,16 @@ class AsyncEngine:
             self.engine.abort(seq)
             out.append((seq.seq_id, Event(None, "error", msg)))
         return out
+
+
+class _Held:
+    """One step's token events, held back until `send` (at most once per batch)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.events: list[tuple[int, Event]] = []
+
+    def send(self) -> None:
+        if self.events:
+            self.engine.loop.call_soon_threadsafe(self.engine._dispatch, self.events)
+            self.events = []

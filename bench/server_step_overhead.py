@@ -1,0 +1,121 @@
+"""What streaming costs the engine's step: `k2bench serve`'s real loop (scheduler, runner inputs, AsyncEngine,
+HTTP/SSE streaming, Prometheus) with the device replaced by a wait of --device-ms per step, against C
+streaming clients. The device wait releases the GIL as `.tolist()` on a CUDA tensor does, so the engine's
+mean step minus --device-ms is the host's share that the device does not hide.
+
+    python bench/server_step_overhead.py --model CKPT --device-ms 7,20 --conc 4,128 --tokens 300 --out DIR
+
+The checkpoint only sizes the runtime (its weights are loaded but never run); the tiny one will do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SERVER = r"""
+import asyncio, signal, sys, time
+from k2bench.engine.runtime.build import EngineOptions, build_engine
+from k2bench.engine.runtime.runtime_config import RuntimeConfig
+from k2bench.engine.runtime.server import serve
+model, port, device_ms, conc = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rt = RuntimeConfig(max_num_seqs=conc, max_model_len=2048, num_kv_blocks=conc * 2048 // RuntimeConfig.block_size + 8)
+eng = build_engine(EngineOptions(model=model, device="cpu", backend="torch", runtime=rt))
+run = eng.runner
+run.execute = lambda inp: None  # a launch returns at once, as a CUDA graph replay does
+def sample(logits, sched):  # the wait for the device's tokens
+    time.sleep(device_ms / 1e3)
+    return [100] * sum(1 for s in sched.seqs if s.samples)
+run.sample = sample
+async def main():
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    await serve(eng, None, host="127.0.0.1", port=port, served_name="stub")
+try:
+    asyncio.run(main())
+except asyncio.CancelledError:
+    pass
+st = eng.stats
+print("RESULT" + __import__("json").dumps({"steps": st.steps, "step_s": st.step_seconds}), flush=True)
+"""
+
+
+async def _clients(port: int, conc: int, tokens: int) -> list[float]:
+    import aiohttp
+
+    gaps: list[float] = []
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        body = {"model": "stub", "prompt": [5, 6, 7, 8], "max_tokens": tokens, "stream": True, "ignore_eos": True}
+        last = None
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(one(session) for _ in range(conc)))
+    return gaps
+
+
+def measure(model: str, device_ms: float, conc: int, tokens: int) -> dict:
+    from k2bench.net import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), str(device_ms), str(conc)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        import urllib.request
+
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(proc.stdout.read()[-2000:]) from None
+                time.sleep(0.5)
+        gaps = asyncio.run(_clients(port, conc, tokens))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT"))
+    st = json.loads(line[len("RESULT"):])
+    step_ms = st["step_s"] / st["steps"] * 1e3
+    return {"device_ms": device_ms, "conc": conc, "steps": st["steps"], "engine_step_ms": round(step_ms, 3),
+            "host_ms": round(step_ms - device_ms, 3), "client_itl_median_ms": round(statistics.median(gaps) * 1e3, 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device-ms", default="7,20")
+    ap.add_argument("--conc", default="4,128")
+    ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for device_ms in (float(v) for v in args.device_ms.split(",")):
+        for conc in (int(c) for c in args.conc.split(",")):
+            row = measure(args.model, device_ms, conc, args.tokens)
+            rows.append(row)
+            print(f"device {device_ms:5.1f} ms  conc {conc:4d}  engine step {row['engine_step_ms']:7.2f} ms  host adds "
+                  f"{row['host_ms']:6.2f} ms  client ITL median {row['client_itl_median_ms']:7.2f} ms", flush=True)
+    doc = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
+    (args.out / "server_step_overhead.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
