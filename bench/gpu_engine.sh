@@ -14,7 +14,7 @@ CKPT=/tmp/k2-width-$LAYERS
 
 if [ "${TESTS:-1}" = 1 ]; then
 log "gpu tests"
-timeout 150 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
+timeout 300 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1
 tail -15 "$OUT/pytest_gpu.log" | tee -a "$OUT/run.log"
 fi
 if [ "${TUNE:-0}" = 1 ]; then
