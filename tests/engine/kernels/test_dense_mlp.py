@@ -5,16 +5,13 @@ torch backend, whose linears it replaces. Large batches keep the dequantise + cu
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 pytestmark = pytest.mark.engine
 
 pytest.importorskip("triton")
+
+from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 CHILD = r"""
 import json, torch
@@ -59,12 +56,7 @@ print("RESULT" + json.dumps({"cases": cases, "cached": cached, "large_same": boo
 
 @pytest.fixture(scope="module")
 def interpreted():
-    here = os.path.dirname(os.path.abspath(__file__))  # the child imports moe_reference from here
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return run_interpreted(CHILD)
 
 
 def test_dense_mlp_matches_float64_reference(interpreted):

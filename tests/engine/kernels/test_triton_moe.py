@@ -16,10 +16,6 @@ A4W4 products are exact, so only the summation-order and output-cast terms apply
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -28,6 +24,8 @@ import torch
 pytestmark = pytest.mark.engine
 
 pytest.importorskip("triton")
+
+from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4  # noqa: E402  (after the importorskip)
 from k2bench.engine.kernels.triton_moe_glue import moe_align_sizes  # noqa: E402
@@ -118,12 +116,7 @@ print("RESULT" + json.dumps({"cases": cases, "agree": agree, "split": split_case
 
 @pytest.fixture(scope="module")
 def interpreted():
-    here = os.path.dirname(os.path.abspath(__file__))  # the child imports moe_reference from here
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return run_interpreted(CHILD)
 
 
 def test_both_variants_match_float64_reference(interpreted):

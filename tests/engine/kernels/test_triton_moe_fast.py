@@ -9,10 +9,6 @@ the interpreter must be on before triton compiles anything.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -21,6 +17,8 @@ import torch
 pytestmark = pytest.mark.engine
 
 pytest.importorskip("triton")
+
+from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 from k2bench.engine.kernels.moe_fast_layout import (  # noqa: E402  (after the importorskip)
     MAX_SCALE_CODE,
@@ -188,12 +186,7 @@ print("RESULT" + json.dumps({"decode_ok": decode_ok, "cases": cases, "backend": 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    here = os.path.dirname(os.path.abspath(__file__))  # the child imports moe_reference from here
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return run_interpreted(CHILD)
 
 
 def test_kernel_decode_matches_ocp_table(interpreted):
