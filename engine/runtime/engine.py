@@ -199,6 +199,7 @@ class AsyncEngine:
                 while not self._inbox and not eng.has_work and not self._stop:
                     self._cv.wait()
                 if self._stop:
+                    held.send()
                     return
                 cmds = list(self._inbox)
                 self._inbox.clear()
