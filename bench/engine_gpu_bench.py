@@ -57,6 +57,8 @@ def copy_bandwidth_gbs() -> float:
 
 
 def cuda_time_ms(fn, reps: int, warmup: int = 2) -> tuple[float, list[float]]:
+    """Median and every sample (ms) of `reps` calls of fn, each between two CUDA events, after `warmup`
+    untimed calls (compiles, caches): the one event timer of the GPU bench scripts."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -18,7 +18,7 @@ import argparse
 import functools
 import json
 import os
-import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -26,22 +26,10 @@ import torch.multiprocessing as mp
 
 from k2bench.net import free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_gpu_bench import cuda_time_ms  # noqa: E402
+
 CALLS = 10  # all-reduces per timed graph in the all-reduce-alone measure
-
-
-def event_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def step_inputs(batch: int, ctx: int, block_size: int, num_blocks: int, vocab: int, dev: torch.device):
@@ -67,7 +55,7 @@ def alone_us(reducer, batch: int, hidden: int, dtype: torch.dtype, dev: torch.de
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             reducer(x)
-    return event_ms(graph.replay, reps) * 1000 / CALLS
+    return cuda_time_ms(graph.replay, reps, warmup=3)[0] * 1000 / CALLS
 
 
 def rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
@@ -113,7 +101,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
         graphs.capture()
         for b in batches:
             inp = inputs[b]
-            ms = event_ms(functools.partial(graphs.run, *inp), args.reps)
+            ms, _ = cuda_time_ms(functools.partial(graphs.run, *inp), args.reps, warmup=3)
             logits = graphs.run(*inp).float()
             torch.cuda.synchronize()
             tokens = logits.argmax(-1).tolist()
