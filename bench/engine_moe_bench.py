@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from k2bench.engine.kernels.torch_backend import CPU_PAIR_BUDGET, TorchBackend
+from k2bench.engine.kernels.torch_backend import CPU_PAIR_BUDGET, ExpertStack, TorchBackend
 from k2bench.engine.model.mxfp4 import (
     BLOCK,
     _byte_lut,
@@ -68,14 +68,15 @@ def main() -> int:
     for E, H, inter, k in SHAPES:
         w13, s13 = quantize_mxfp4(torch.randn(E, 2 * inter, H, generator=g) * 0.05)
         w2, s2 = quantize_mxfp4(torch.randn(E, H, inter, generator=g) * 0.05)
+        experts = ExpertStack(w13, s13, w2, s2)
         for T in sorted({1, max(1, E // k // 4), E // k}):
             x = torch.randn(T, H, generator=g).bfloat16()
             ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
             wts = torch.rand(T, k, generator=g)
             for a4w4 in (True, False):
                 xq = fake_quantize_mxfp4(x) if a4w4 else x
-                loop = timed(partial(be._moe_expert_loop, xq, ids, wts, w13, s13, w2, s2, a4w4=a4w4), args.reps)
-                pair = timed(partial(be._moe_per_assignment, xq, ids, wts, w13, s13, w2, s2, a4w4=a4w4), args.reps)
+                loop = timed(partial(be._moe_expert_loop, xq, ids, wts, experts, a4w4=a4w4), args.reps)
+                pair = timed(partial(be._moe_per_assignment, xq, ids, wts, experts, a4w4=a4w4), args.reps)
                 mode = "a4w4" if a4w4 else "w4"
                 picks = "batched" if T * k * w13[0].numel() <= CPU_PAIR_BUDGET else "loop"
                 rows.append({"experts": E, "hidden": H, "inter": inter, "k": k, "tokens": T, "mode": mode,

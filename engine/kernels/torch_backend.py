@@ -7,7 +7,7 @@ matmul, which is the numerics of gfx950's scaled-MFMA kernels; W4 mode keeps act
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,16 @@ class TorchPlan(AttentionPlan):
 
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, end, context length, slots [ctx])
     decodes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]  # (token rows, slots, valid, width)
+
+
+class ExpertStack(NamedTuple):
+    """One MoE layer's experts in the checkpoint layout, as `fused_moe` receives them: the two MoE
+    strategies below take them as one argument. A scale of None: float weights."""
+
+    w13: torch.Tensor  # [E, 2I, H] (packed [E, 2I, H/2])
+    w13_scale: torch.Tensor | None
+    w2: torch.Tensor  # [E, H, I] (packed [E, H, I/2])
+    w2_scale: torch.Tensor | None
 
 
 # Upper bound on float32 attention scores held at once (elements); long prefills run in query slices.
@@ -133,26 +143,17 @@ class TorchBackend:
         num_experts = w13.shape[0]
         xq = fake_quantize_mxfp4(x) if a4w4 and w13_scale is not None and not x_quantized else x  # per-row blocks: once for all experts
         pairs = topk_ids.numel()
-        if pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET):
-            out = self._moe_per_assignment(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
-                                           a4w4=a4w4 and w2_scale is not None)
-        else:
-            out = self._moe_expert_loop(xq, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4)
+        batched = pairs <= num_experts and (x.device.type != "cpu" or pairs * w13[0].numel() <= CPU_PAIR_BUDGET)
+        strategy = self._moe_per_assignment if batched else self._moe_expert_loop
+        out = strategy(xq, topk_ids, topk_weights, ExpertStack(w13, w13_scale, w2, w2_scale),
+                       a4w4=a4w4 and w2_scale is not None)
         return out if add is None else out + add
 
     def _moe_expert_loop(
-        self,
-        xq: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        w13: torch.Tensor,
-        w13_scale: torch.Tensor | None,
-        w2: torch.Tensor,
-        w2_scale: torch.Tensor | None,
-        *,
-        a4w4: bool,
+        self, xq: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: ExpertStack, *, a4w4: bool
     ) -> torch.Tensor:
         """Many tokens: tokens sorted by expert, one dequantise + two matmuls per touched expert."""
+        w13, w13_scale, w2, w2_scale = w
         num_experts = w13.shape[0]
         out = torch.zeros_like(xq)
         flat_ids = topk_ids.reshape(-1)
@@ -176,15 +177,7 @@ class TorchBackend:
 
     @staticmethod
     def _moe_per_assignment(
-        xq: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        w13: torch.Tensor,
-        w13_scale: torch.Tensor | None,
-        w2: torch.Tensor,
-        w2_scale: torch.Tensor | None,
-        *,
-        a4w4: bool,
+        xq: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: ExpertStack, *, a4w4: bool
     ) -> torch.Tensor:
         """Few tokens (decode): every (token, expert) pair gets its own copy of the expert's weights.
 
@@ -194,6 +187,7 @@ class TorchBackend:
         same dequantised weights and activations as in the per-expert loop; the k expert outputs
         of a token are summed in float32 (as HF's reference MoE does) and cast once.
         """
+        w13, w13_scale, w2, w2_scale = w
         T, k = topk_ids.shape
         ids = topk_ids.reshape(-1)
         x = xq.repeat_interleave(k, dim=0).unsqueeze(1)  # [T*k, 1, H], pair t*k+j is token t
