@@ -283,20 +283,23 @@ class TritonBackend(TorchBackend):
         # there) and FP4 hardware keep tl.dot_scaled
         return "fast" if device.type == "cuda" and not torch.version.hip and not native_fp4(device) else "dot_scaled"
 
-    def _fast_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
-        """The fast layout of one expert stack, built on first use (normally `prepare_moe` at load);
-        None where its scales do not fit that layout (the checkpoint layout is used then)."""
-        hit = self._fast.get(id(w13))
+    def _fast_experts(self, w13, w13_scale, w2, w2_scale, *, dense: bool = False) -> FastExperts | None:
+        """The fast layout of one expert stack, or of one dense MLP as a stack of one expert (`dense`), built
+        on first use (a routed stack normally by `prepare_moe` at load) and kept while w13 lives; None where
+        its scales do not fit that layout (the caller takes its checkpoint-layout path then)."""
+        cache = self._dense if dense else self._fast
+        hit = cache.get(id(w13))
         if hit is not None and hit[0]() is w13:
             return hit[1]
         _check_kept(w13)
+        stack = (w13, w13_scale, w2, w2_scale)
         try:
-            fast = relayout_experts(w13, w13_scale, w2, w2_scale)
+            fast = relayout_experts(*(t[None] for t in stack) if dense else stack)
         except NanScaleError as exc:
-            raise BackendError(f"MXFP4 experts: {exc}") from exc
+            raise BackendError(f"MXFP4 {'MLP' if dense else 'experts'}: {exc}") from exc
         except ScaleRangeError:
             fast = None
-        self._fast[id(w13)] = (weakref.ref(w13), fast)
+        cache[id(w13)] = (weakref.ref(w13), fast)
         return fast
 
     def prepare_moe(self, w13, w13_scale, w2, w2_scale) -> bool:
@@ -332,7 +335,7 @@ class TritonBackend(TorchBackend):
         if w13_scale is None or w2_scale is None or rows == 0 or rows >= DEQUANT_MIN_M \
                 or self._moe_variant(x.device) != "fast":
             return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
-        fast = self._dense_experts(w13, w13_scale, w2, w2_scale)
+        fast = self._fast_experts(w13, w13_scale, w2, w2_scale, dense=True)
         if fast is None:
             return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
         ids, weights = self._one_expert_routing(rows, x.device)
@@ -344,21 +347,6 @@ class TritonBackend(TorchBackend):
         y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, x_quantized=x_quantized, config=cfg, split_k=split1,
                            down_split_k=split2)
         return y.reshape(*x.shape[:-1], fast.hidden)
-
-    def _dense_experts(self, w13, w13_scale, w2, w2_scale) -> FastExperts | None:
-        """The fast layout of one dense MLP (as a stack of one expert), built on its first call; None where
-        its scales do not fit that layout."""
-        hit = self._dense.get(id(w13))
-        if hit is not None and hit[0]() is w13:
-            return hit[1]
-        try:
-            fast = relayout_experts(w13[None], w13_scale[None], w2[None], w2_scale[None])
-        except NanScaleError as exc:
-            raise BackendError(f"MXFP4 MLP: {exc}") from exc
-        except ScaleRangeError:
-            fast = None
-        self._dense[id(w13)] = (weakref.ref(w13), fast)
-        return fast
 
     def _one_expert_routing(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert 0 with weight 1 for `rows` tokens: views of buffers made once (no kernel per call)."""
