@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 
 from k2bench.errors import UserError
 from k2bench.harness.store.models import Culprit
@@ -31,13 +31,4 @@ class CulpritsMixin:
 
     def culprits_frame(self, fingerprint: str | None = None, branch: str | None = None) -> pd.DataFrame:
         """One row per stored bisection, oldest first."""
-        import pandas as pd
-
-        q = select(*(getattr(Culprit, c) for c in CULPRIT_COLUMNS))
-        if fingerprint is not None:
-            q = q.where(Culprit.fingerprint == fingerprint)
-        if branch is not None:
-            q = q.where(Culprit.branch == branch)
-        with self._read() as s:
-            rows = s.execute(q.order_by(Culprit.created_at, Culprit.id)).all()
-        return pd.DataFrame(rows, columns=list(CULPRIT_COLUMNS))
+        return self._keyed_frame(Culprit, CULPRIT_COLUMNS, "created_at", fingerprint, branch)

@@ -86,15 +86,26 @@ class FramesMixin:
         return np.concatenate(gaps).astype(np.float64) / 1e6
 
     def change_points_frame(self, fingerprint: str | None = None, branch: str | None = None) -> pd.DataFrame:
+        """One row per stored change point, oldest first."""
         import pandas as pd
 
-        q = select(*(getattr(ChangePoint, c) for c in CHANGE_POINT_COLUMNS))
-        if fingerprint is not None:
-            q = q.where(ChangePoint.fingerprint == fingerprint)
-        if branch is not None:
-            q = q.where(ChangePoint.branch == branch)
-        with self._read() as s:
-            rows = s.execute(q.order_by(ChangePoint.detected_at, ChangePoint.id)).all()
-        df = pd.DataFrame(rows, columns=list(CHANGE_POINT_COLUMNS))
+        df = self._keyed_frame(ChangePoint, CHANGE_POINT_COLUMNS, "detected_at", fingerprint, branch)
         df["detected_at"] = pd.to_datetime(df["detected_at"], utc=True)
         return df
+
+    def _keyed_frame(
+        self, model: type, columns: tuple[str, ...], when: str, fingerprint: str | None, branch: str | None
+    ) -> pd.DataFrame:
+        """`columns` of a table whose rows belong to a (fingerprint, branch) history (change points, culprits),
+        ordered by `when` then id; a None filter keeps every value. One query for the nightly scan's and the
+        bisection's tables."""
+        import pandas as pd
+
+        q = select(*(getattr(model, c) for c in columns))
+        if fingerprint is not None:
+            q = q.where(model.fingerprint == fingerprint)
+        if branch is not None:
+            q = q.where(model.branch == branch)
+        with self._read() as s:
+            rows = s.execute(q.order_by(getattr(model, when), model.id)).all()
+        return pd.DataFrame(rows, columns=list(columns))
