@@ -45,16 +45,10 @@ def step_inputs(batch: int, ctx: int, block_size: int, num_blocks: int, vocab: i
 
 def alone_us(reducer, batch: int, hidden: int, dtype: torch.dtype, dev: torch.device, reps: int) -> float:
     """One all-reduce of [batch, hidden], in microseconds: CALLS back to back replayed from one graph."""
+    from k2bench.engine.runtime.cuda_graphs import capture_graph
+
     x = torch.randn(batch, hidden, device=dev).to(dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        reducer(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            reducer(x)
+    graph, _ = capture_graph(lambda: [reducer(x) for _ in range(CALLS)])
     return cuda_time_ms(graph.replay, reps, warmup=3)[0] * 1000 / CALLS
 
 

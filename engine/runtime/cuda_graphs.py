@@ -17,16 +17,34 @@ tests/engine/runtime/test_cuda_graphs_gpu.py checks replayed tokens against eage
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from k2bench.engine.model.attn_meta import AttentionMetadata
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+def capture_graph(fn: Callable[[], T], pool: tuple[int, int] | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """A CUDA graph of fn and the output tensors it captured. fn runs once first on a side stream, so
+    kernels compile and lazy caches fill outside the capture (which forbids both)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 def buckets_for(max_batch: int) -> list[int]:
@@ -71,14 +89,7 @@ class DecodeGraphs:
         """Capture every bucket, largest first (the shared memory pool is sized by the first)."""
         t0 = time.perf_counter()
         for b in reversed(self.buckets):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compile kernels and fill lazy caches outside the capture
-                self._forward(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.logits[b] = self._forward(b)
+            graph, self.logits[b] = capture_graph(functools.partial(self._forward, b), self.pool)
             self.pool = graph.pool()
             self.graphs[b] = graph
         torch.cuda.synchronize()
