@@ -68,6 +68,7 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
     steps = []
     profiled = {"mixed": False, "decode": False}
     while sch.has_work:
+        t_sched = time.perf_counter()
         so = sch.schedule()
         for seq in so.preempted:
             run.release(seq)
@@ -93,7 +94,6 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
             t.append(time.perf_counter())
             return t, ev, updated
 
-        t_sched = time.perf_counter()
         if want_profile:
             t, ev, updated = _profile_table(body, profile_dir / f"profile_{kind}_step.txt")
             profiled[kind] = True

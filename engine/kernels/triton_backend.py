@@ -224,6 +224,7 @@ def prefill_attention(
     as many queries as keys, so the expanded form (head dim nope + rope = 192) costs about a third of
     the absorbed one's (r + rope = 576) FLOPs, and the fused kernels never hold the score matrix.
     The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
+    A whole-prompt chunk (n == ctx) is padded to `query_bucket(n)` rows, so the fused kernels meet few shapes.
 
     Tensors go in as [1, H, len, D] (the fused kernels take 4-D only; 3-D falls back to the math
     kernel and its materialised scores) and values keep their own width v (no zero padding to the key
@@ -233,6 +234,10 @@ def prefill_attention(
     n, H, _ = q_nope.shape
     ctx = kv.shape[0]
     r = w_uk.shape[-1]
+    pad = query_bucket(n) - n if n == ctx else 0
+    if pad:  # zero latents after the chunk: keys that only the padding rows (dropped below) can see
+        q_nope, q_pe, kv = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (q_nope, q_pe, kv))
+        n = ctx = n + pad
     kv = kv.to(q_nope.dtype)
     latent, k_pe = kv[:, :r], kv[:, r:]
     k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, ctx, nope]
@@ -243,7 +248,18 @@ def prefill_attention(
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx), scale=scale)
-    return o[0].transpose(0, 1)  # [n, H, v]
+    return o[0, :, : n - pad].transpose(0, 1)  # [n, H, v]
+
+
+def query_bucket(n: int) -> int:
+    """n rounded up to a step of n/16..n/8 (at least 64): the whole-prompt chunk lengths the SDPA calls see.
+
+    cuDNN's SDPA builds an execution plan per shape (about 25 ms of host time on an H200 host) and keeps
+    it; a one-wave level chunks each prompt at a new length every step (the budget less the decodes), so
+    without buckets every mixed step built plans (bench/engine_wave_bench.py: 160 ms mixed steps against
+    77 ms for the same tokens at a length seen before). Padding wastes at most an eighth of the chunk."""
+    step = max(64, 1 << max(0, n.bit_length() - 4))
+    return -(-n // step) * step
 
 
 class TritonBackend(TorchBackend):
