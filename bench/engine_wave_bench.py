@@ -74,8 +74,9 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
             run.release(seq)
         kind = "mixed" if so.num_prefill_tokens else "decode"
         n_dec = sum(1 for s in so.seqs if not s.is_prefill)
-        want_profile = (profile_dir is not None and not profiled[kind] and len(steps) > 4
-                        and (kind == "mixed" or n_dec == len(seqs)))
+        # profiled: a late mixed step (most decodes next to the chunk) and a full-batch decode step
+        want_profile = (profile_dir is not None and not profiled[kind]
+                        and n_dec >= (len(seqs) * 7 // 8 if kind == "mixed" else len(seqs)))
 
         def body(so=so):
             t = [time.perf_counter()]
@@ -116,6 +117,14 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys over xs: what one more decode adds to a mixed step's GPU time."""
+    if len(set(xs)) < 2:
+        return float("nan")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
 def summarise(wave: dict, conc: int) -> dict:
     steps = [s for s in wave["steps"] if not s["profiled"]]
     mixed = [s for s in steps if s["kind"] == "mixed"]
@@ -129,6 +138,7 @@ def summarise(wave: dict, conc: int) -> dict:
         "mixed_step_ms_median": round(_med([s["ms"] for s in mixed]), 3),
         "mixed_prefill_tokens_median": _med([s["prefill_tokens"] for s in mixed]),
         "mixed_decodes_median": _med([s["decodes"] for s in mixed]),
+        "mixed_gpu_ms_per_decode": round(_slope([s["decodes"] for s in mixed], [s["gpu_ms"] for s in mixed]), 4),
         "full_decode_step_ms_median": round(_med([s["ms"] for s in full]), 3),
         "full_decode_gpu_ms_median": round(_med([s["gpu_ms"] for s in full]), 3),
         "ttft_ms_p50": round(_med(wave["ttft_ms"]), 1), "ttft_ms_max": round(max(wave["ttft_ms"]), 1),
@@ -169,7 +179,8 @@ def main() -> int:
         (args.out / f"wave_steps_{budget}.json").write_text(json.dumps(wave))
         print(f"budget {budget}: {row['steps']} steps in {row['duration_s']:.1f} s; {row['mixed_steps']} mixed "
               f"({row['mixed_total_s']:.1f} s, median {row['mixed_step_ms_median']:.1f} ms for "
-              f"{row['mixed_prefill_tokens_median']:.0f} prefill + {row['mixed_decodes_median']:.0f} decode tokens); "
+              f"{row['mixed_prefill_tokens_median']:.0f} prefill + {row['mixed_decodes_median']:.0f} decode tokens, "
+              f"{row['mixed_gpu_ms_per_decode']:.3f} ms more GPU time per decode); "
               f"first step {row['first_step_ms']:.1f} ms for {row['first_step_prefill_tokens']} prefill tokens; "
               f"full-batch decode {row['full_decode_step_ms_median']:.2f} ms (execute+copies on GPU "
               f"{row['full_decode_gpu_ms_median']:.2f}); TTFT p50 {row['ttft_ms_p50']:.0f} ms, max "
