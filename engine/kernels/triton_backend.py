@@ -224,7 +224,16 @@ def prefill_attention(
     as many queries as keys, so the expanded form (head dim nope + rope = 192) costs about a third of
     the absorbed one's (r + rope = 576) FLOPs, and the fused kernels never hold the score matrix.
     The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
-    A whole-prompt chunk (n == ctx) is padded to `query_bucket(n)` rows, so the fused kernels meet few shapes.
+
+    Two ways through SDPA, by the chunk's share of its context:
+    - n >= ctx / 4: a square causal call over `query_bucket(ctx)` rows. The chunk's queries sit at their
+      positions, zero rows stand in front of them (earlier positions) and behind the context (later ones);
+      on sm_90 PyTorch runs this on cuDNN's flash kernel (~640 TFLOP/s on an H200), which builds one
+      execution plan per shape (~25 ms of host time): the buckets keep the shapes few, and the padding
+      costs less than the lower-right kernel would;
+    - shorter chunks (the tail of a prompt cut by the step budget): the lower-right causal mask, which
+      only the memory-efficient kernel takes (its sm80 code ran ~120 TFLOP/s there), on exact shapes.
+    bench/engine_wave_bench.py shows what both cost inside a one-wave level's mixed steps.
 
     Tensors go in as [1, H, len, D] (the fused kernels take 4-D only; 3-D falls back to the math
     kernel and its materialised scores) and values keep their own width v (no zero padding to the key
@@ -234,30 +243,31 @@ def prefill_attention(
     n, H, _ = q_nope.shape
     ctx = kv.shape[0]
     r = w_uk.shape[-1]
-    pad = query_bucket(n) - n if n == ctx else 0
-    if pad:  # zero latents after the chunk: keys that only the padding rows (dropped below) can see
-        q_nope, q_pe, kv = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (q_nope, q_pe, kv))
-        n = ctx = n + pad
+    front = back = 0
+    if 4 * n >= ctx:
+        front, back = ctx - n, query_bucket(ctx) - ctx
+        q_nope, q_pe = (F.pad(t, (0, 0, 0, 0, front, back)) for t in (q_nope, q_pe))
+        kv = F.pad(kv, (0, 0, 0, back))  # keys past the context: only the rows behind it can see them
     kv = kv.to(q_nope.dtype)
     latent, k_pe = kv[:, :r], kv[:, r:]
-    k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, ctx, nope]
-    v = torch.einsum("cr,hvr->hcv", latent, w_uv).unsqueeze(0)  # [1, H, ctx, v]
-    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, ctx, -1)), dim=-1).unsqueeze(0)
-    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-    if n == ctx:
+    rows, keys = q_nope.shape[0], kv.shape[0]
+    k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, keys, nope]
+    v = torch.einsum("cr,hvr->hcv", latent, w_uv).unsqueeze(0)  # [1, H, keys, v]
+    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, keys, -1)), dim=-1).unsqueeze(0)
+    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1).unsqueeze(0)  # [1, H, rows, D]
+    if rows == keys:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx), scale=scale)
-    return o[0, :, : n - pad].transpose(0, 1)  # [n, H, v]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rows, keys), scale=scale)
+    return o[0, :, front : front + n].transpose(0, 1)  # [n, H, v]
 
 
 def query_bucket(n: int) -> int:
-    """n rounded up to a step of n/16..n/8 (at least 64): the whole-prompt chunk lengths the SDPA calls see.
+    """n rounded up to a step of n/16..n/8 (at least 64), so the square SDPA calls meet few shapes.
 
-    cuDNN's SDPA builds an execution plan per shape (about 25 ms of host time on an H200 host) and keeps
-    it; a one-wave level chunks each prompt at a new length every step (the budget less the decodes), so
-    without buckets every mixed step built plans (bench/engine_wave_bench.py: 160 ms mixed steps against
-    77 ms for the same tokens at a length seen before). Padding wastes at most an eighth of the chunk."""
+    In a one-wave level the step budget cuts each prompt at a new length every step (the budget less the
+    decodes); without buckets every mixed step built new cuDNN plans (bench/engine_wave_bench.py on an
+    H200: mixed steps of 160 ms against 77 ms for the same tokens at a length seen before)."""
     step = max(64, 1 << max(0, n.bit_length() - 4))
     return -(-n // step) * step
 

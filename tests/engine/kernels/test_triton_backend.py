@@ -198,11 +198,12 @@ def test_triton_mxfp4_gemm_on_cuda():
             assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4, (m, n, k, split)
 
 
-@pytest.mark.parametrize("n, ctx", [(9, 9), (40, 40), (5, 12), (1, 7)])
+@pytest.mark.parametrize("n, ctx", [(9, 9), (40, 40), (5, 12), (14, 37), (1, 7), (6, 37)])
 def test_expanded_prefill_equals_absorbed_attention(n, ctx):
     """The triton backend's prefill (expanded form, SDPA, lower-right causal) against the torch
-    backend's absorbed attention over the same paged cache (float64 inputs). Whole-prompt chunks
-    (n == ctx) go through the padded path: 9 and 40 rows run as 64."""
+    backend's absorbed attention over the same paged cache (float64 inputs). Chunks of at least a
+    quarter of their context take the padded square call (queries at their positions among zero rows,
+    64 rows in all here); shorter ones the lower-right mask: (1, 7) and (6, 37)."""
     import torch
 
     from k2bench.engine.kernels.torch_backend import TorchBackend
