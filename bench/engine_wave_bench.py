@@ -57,7 +57,30 @@ def _profile_table(fn, path: Path):
     return result
 
 
-def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None = None) -> dict:
+class CompileLog:
+    """Names of the Triton kernels compiled while it is on (Triton's post-compile hook), so a step that
+    stalls on a JIT compile says which kernel it compiled."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        try:
+            from triton import knobs
+
+            knobs.runtime.jit_post_compile_hook = self._hook
+        except (ImportError, AttributeError):  # no Triton, or one without the hook: nothing is logged
+            pass
+
+    def _hook(self, *args, **kwargs) -> None:
+        fn = kwargs.get("fn")
+        self.names.append(getattr(fn, "name", None) or str(kwargs.get("repr", "?")).split("[")[0])
+
+    def take(self) -> list[str]:
+        names, self.names = self.names, []
+        return names
+
+
+def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None = None,
+             compiles: CompileLog | None = None) -> dict:
     """Every step of one wave, timed by phase; per-request TTFT and TPOT from the step end times."""
     sch, run = eng.scheduler, eng.runner
     seqs = [Sequence(p, SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True)) for p in prompts]
@@ -107,6 +130,7 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
         ph = dict(zip(PHASES, [t[0] - t_sched] + [y - x for x, y in zip(t[:-1], t[1:], strict=True)], strict=True))
         steps.append({"kind": kind, "prefill_tokens": so.num_prefill_tokens, "decodes": n_dec,
                       "tokens": so.num_tokens, "ms": (t[-1] - t_sched) * 1e3, "profiled": want_profile,
+                      "compiled": compiles.take() if compiles is not None else [],
                       "gpu_ms": ev[0].elapsed_time(ev[1]) if ev else (t[2] - t[1]) * 1e3, **{f"{k}_ms": v * 1e3 for k, v in ph.items()}})
     ttft = sorted((token_times[s.seq_id][0] - t_start) * 1e3 for s in seqs)
     tpot = sorted((tt[-1] - tt[0]) * 1e3 / (len(tt) - 1) for tt in token_times.values() if len(tt) > 1)
@@ -141,6 +165,7 @@ def summarise(wave: dict, conc: int) -> dict:
         "mixed_gpu_ms_per_decode": round(_slope([s["decodes"] for s in mixed], [s["gpu_ms"] for s in mixed]), 4),
         "full_decode_step_ms_median": round(_med([s["ms"] for s in full]), 3),
         "full_decode_gpu_ms_median": round(_med([s["gpu_ms"] for s in full]), 3),
+        "compiles": [[i, s["compiled"]] for i, s in enumerate(wave["steps"]) if s["compiled"]],
         "ttft_ms_p50": round(_med(wave["ttft_ms"]), 1), "ttft_ms_max": round(max(wave["ttft_ms"]), 1),
         "tpot_ms_p50": round(_med(wave["tpot_ms"]), 3),
     }
@@ -170,13 +195,15 @@ def main() -> int:
                                      runtime=rt))
     # A short wave first, so the kernels of every prefill and decode shape are compiled before timing.
     run_wave(eng, _prompts(min(args.conc, 4), args.isl, 1), 8)
+    compiles = CompileLog()
     rows = []
     for i, budget in enumerate(int(b) for b in args.budgets.split(",")):
         eng.scheduler.config.max_num_batched_tokens = budget
-        wave = run_wave(eng, _prompts(args.conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None)
+        wave = run_wave(eng, _prompts(args.conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None,
+                        compiles)
         row = {"budget": budget, "conc": args.conc, "isl": args.isl, "osl": args.osl, **summarise(wave, args.conc)}
         rows.append(row)
-        (args.out / f"wave_steps_{budget}.json").write_text(json.dumps(wave))
+        (args.out / f"wave_steps_{i}_{budget}.json").write_text(json.dumps(wave))
         print(f"budget {budget}: {row['steps']} steps in {row['duration_s']:.1f} s; {row['mixed_steps']} mixed "
               f"({row['mixed_total_s']:.1f} s, median {row['mixed_step_ms_median']:.1f} ms for "
               f"{row['mixed_prefill_tokens_median']:.0f} prefill + {row['mixed_decodes_median']:.0f} decode tokens, "
@@ -185,6 +212,8 @@ def main() -> int:
               f"full-batch decode {row['full_decode_step_ms_median']:.2f} ms (execute+copies on GPU "
               f"{row['full_decode_gpu_ms_median']:.2f}); TTFT p50 {row['ttft_ms_p50']:.0f} ms, max "
               f"{row['ttft_ms_max']:.0f}; TPOT p50 {row['tpot_ms_p50']:.2f} ms", flush=True)
+        for step, names in row["compiles"]:
+            print(f"  step {step} compiled {', '.join(names)} ({wave['steps'][step]['ms']:.0f} ms)", flush=True)
         print("  mixed phases (ms): " + "  ".join(f"{p} {row[f'mixed_{p}_ms_median']:.2f}" for p in PHASES)
               + " | full decode: " + "  ".join(f"{p} {row[f'full_decode_{p}_ms_median']:.2f}" for p in PHASES),
               flush=True)
