@@ -193,7 +193,9 @@ def main() -> int:
                        kv_cache_memory=args.kv_cache_memory)
     eng = build_engine(EngineOptions(model=args.model, device=args.device, backend="triton" if args.device == "cuda" else "torch",
                                      runtime=rt))
-    # A short wave first, so the kernels of every prefill and decode shape are compiled before timing.
+    # As `k2bench serve` starts: the engine's warm-up (per-shape attention plans), then a short wave so the
+    # kernels of the prefill and decode paths are compiled, as the sweep's lower levels would have done.
+    eng.warm_up()
     run_wave(eng, _prompts(min(args.conc, 4), args.isl, 1), 8)
     compiles = CompileLog()
     rows = []

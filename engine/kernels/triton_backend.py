@@ -272,6 +272,14 @@ def query_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def prefill_buckets(max_ctx: int) -> list[int]:
+    """Every length `query_bucket` gives for contexts up to max_ctx, smallest first."""
+    out = [query_bucket(1)]
+    while out[-1] < query_bucket(max_ctx):
+        out.append(query_bucket(out[-1] + 1))
+    return out
+
+
 class TritonBackend(TorchBackend):
     name = "triton"
     graph_decode = True  # decode_plan reads no tensor on the host
@@ -440,6 +448,22 @@ class TritonBackend(TorchBackend):
             out[rows] = self._decode(q_nope[rows], q_pe[rows], kv_cache, plan.decode_tables, plan.decode_lens,
                                      scale, w_uk, w_uv)
         return out
+
+    def warm_up_mla(self, w_uk, w_uv, rope_dim, max_ctx, scale) -> int:
+        """One square prefill call per bucket length up to max_ctx, so cuDNN builds its plans (11-44 ms of
+        host time each on an H200 host, bench/prefill_shape_cost.py) before serving, not inside a step:
+        square calls only meet bucket lengths, at most 4x the step budget (the caller's max_ctx)."""
+        if w_uk.device.type != "cuda":
+            return 0
+        H, nope, r = w_uk.shape
+        buckets = prefill_buckets(max_ctx)
+        for b in buckets:
+            q_nope = torch.zeros(b, H, nope, dtype=w_uk.dtype, device=w_uk.device)
+            q_pe = torch.zeros(b, H, rope_dim, dtype=w_uk.dtype, device=w_uk.device)
+            kv = torch.zeros(b, r + rope_dim, dtype=w_uk.dtype, device=w_uk.device)
+            prefill_attention(q_nope, q_pe, kv, scale, w_uk, w_uv)
+        torch.cuda.synchronize(w_uk.device)
+        return len(buckets)
 
     @staticmethod
     def _decode(q_nope, q_pe, kv_cache, tables, lens, scale, w_uk, w_uv):

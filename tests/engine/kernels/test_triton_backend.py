@@ -247,6 +247,18 @@ def test_query_bucket_rounds_up_by_at_most_an_eighth():
     assert {query_bucket(n) for n in range(8192 - 127, 8193)} == {8192}
 
 
+def test_prefill_buckets_are_every_length_the_square_calls_meet():
+    """The engine's warm-up runs `prefill_buckets(max_ctx)`: every padded length a context up to max_ctx
+    gives, and nothing past the last one it needs."""
+    from k2bench.engine.kernels.triton_backend import prefill_buckets, query_bucket
+
+    for max_ctx in (1, 64, 65, 1000, 9600, 32768):
+        buckets = prefill_buckets(max_ctx)
+        assert buckets == sorted(set(buckets))
+        assert set(buckets) == {query_bucket(n) for n in range(1, max_ctx + 1)}
+    assert len(prefill_buckets(32768)) < 64  # a second or two of cuDNN plan builds at start, not minutes
+
+
 @pytest.mark.parametrize("a4w4", [False, True])
 def test_dequant_linear_feeds_the_kernels_operands(a4w4):
     """The prefill-sized path (dequantise + BLAS) computes what `mxfp4_matmul` computes on a GPU without
