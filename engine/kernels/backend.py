@@ -146,3 +146,10 @@ class KernelBackend(Protocol):
         """One layer's attention: per-head values [T, H, v] from q_nope [T, H, nope], q_pe [T, H, rope],
         the paged latent cache and kv_b_proj's halves w_uk [H, nope, r] / w_uv [H, v, r]."""
         ...
+
+    def warm_up_mla(self, w_uk: torch.Tensor, w_uv: torch.Tensor, rope_dim: int, max_ctx: int, scale: float) -> int:
+        """Run once every prefill-attention shape a step can meet for contexts up to max_ctx, in the calling
+        thread: where a kernel library builds and caches an execution plan per shape and thread (cuDNN's
+        SDPA), the thread that will run the steps calls this before serving. Returns the shapes run (0:
+        nothing to warm)."""
+        ...

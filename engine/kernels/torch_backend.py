@@ -236,6 +236,10 @@ class TorchBackend:
         """Decode steps need nothing special here: the general plan (it reads lengths on the host)."""
         return self.plan_attention(meta, kv_dim)
 
+    def warm_up_mla(self, w_uk, w_uv, rope_dim, max_ctx, scale) -> int:
+        """Nothing here builds per-shape plans."""
+        return 0
+
     def mla(
         self,
         q_nope: torch.Tensor,

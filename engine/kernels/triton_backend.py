@@ -225,6 +225,16 @@ def prefill_attention(
     the absorbed one's (r + rope = 576) FLOPs, and the fused kernels never hold the score matrix.
     The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
 
+    Two ways through SDPA, by the chunk's share of its context:
+    - n >= ctx / 4: a square causal call over `query_bucket(ctx)` rows. The chunk's queries sit at their
+      positions, zero rows stand in front of them (earlier positions) and behind the context (later ones);
+      on sm_90 PyTorch runs this on cuDNN's flash kernel (~640 TFLOP/s on an H200), which builds one
+      execution plan per shape (~25 ms of host time): the buckets keep the shapes few, and the padding
+      costs less than the lower-right kernel would;
+    - shorter chunks (the tail of a prompt cut by the step budget): the lower-right causal mask, which
+      only the memory-efficient kernel takes (its sm80 code ran ~120 TFLOP/s there), on exact shapes.
+    bench/engine_wave_bench.py shows what both cost inside a one-wave level's mixed steps.
+
     Tensors go in as [1, H, len, D] (the fused kernels take 4-D only; 3-D falls back to the math
     kernel and its materialised scores) and values keep their own width v (no zero padding to the key
     width), which the memory-efficient and cuDNN kernels accept; tests/engine/kernels/
@@ -233,17 +243,41 @@ def prefill_attention(
     n, H, _ = q_nope.shape
     ctx = kv.shape[0]
     r = w_uk.shape[-1]
+    front = back = 0
+    if 4 * n >= ctx:
+        front, back = ctx - n, query_bucket(ctx) - ctx
+        q_nope, q_pe = (F.pad(t, (0, 0, 0, 0, front, back)) for t in (q_nope, q_pe))
+        kv = F.pad(kv, (0, 0, 0, back))  # keys past the context: only the rows behind it can see them
     kv = kv.to(q_nope.dtype)
     latent, k_pe = kv[:, :r], kv[:, r:]
-    k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, ctx, nope]
-    v = torch.einsum("cr,hvr->hcv", latent, w_uv).unsqueeze(0)  # [1, H, ctx, v]
-    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, ctx, -1)), dim=-1).unsqueeze(0)
-    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-    if n == ctx:
+    rows, keys = q_nope.shape[0], kv.shape[0]
+    k_nope = torch.einsum("cr,hdr->hcd", latent, w_uk)  # [H, keys, nope]
+    v = torch.einsum("cr,hvr->hcv", latent, w_uv).unsqueeze(0)  # [1, H, keys, v]
+    k = torch.cat((k_nope, k_pe.unsqueeze(0).expand(H, keys, -1)), dim=-1).unsqueeze(0)
+    q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(0, 1).unsqueeze(0)  # [1, H, rows, D]
+    if rows == keys:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx), scale=scale)
-    return o[0].transpose(0, 1)  # [n, H, v]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rows, keys), scale=scale)
+    return o[0, :, front : front + n].transpose(0, 1)  # [n, H, v]
+
+
+def query_bucket(n: int) -> int:
+    """n rounded up to a step of n/16..n/8 (at least 64), so the square SDPA calls meet few shapes.
+
+    In a one-wave level the step budget cuts each prompt at a new length every step (the budget less the
+    decodes); without buckets every mixed step built new cuDNN plans (bench/engine_wave_bench.py on an
+    H200: mixed steps of 160 ms against 77 ms for the same tokens at a length seen before)."""
+    step = max(64, 1 << max(0, n.bit_length() - 4))
+    return -(-n // step) * step
+
+
+def prefill_buckets(max_ctx: int) -> list[int]:
+    """Every length `query_bucket` gives for contexts up to max_ctx, smallest first."""
+    out = [query_bucket(1)]
+    while out[-1] < query_bucket(max_ctx):
+        out.append(query_bucket(out[-1] + 1))
+    return out
 
 
 class TritonBackend(TorchBackend):
@@ -402,6 +436,22 @@ class TritonBackend(TorchBackend):
             out[rows] = self._decode(q_nope[rows], q_pe[rows], kv_cache, plan.decode_tables, plan.decode_lens,
                                      scale, w_uk, w_uv)
         return out
+
+    def warm_up_mla(self, w_uk, w_uv, rope_dim, max_ctx, scale) -> int:
+        """One square prefill call per bucket length up to max_ctx, so cuDNN builds its plans (11-44 ms of
+        host time each on an H200 host, bench/prefill_shape_cost.py) before serving, not inside a step:
+        square calls only meet bucket lengths, at most 4x the step budget (the caller's max_ctx)."""
+        if w_uk.device.type != "cuda":
+            return 0
+        H, nope, r = w_uk.shape
+        buckets = prefill_buckets(max_ctx)
+        for b in buckets:
+            q_nope = torch.zeros(b, H, nope, dtype=w_uk.dtype, device=w_uk.device)
+            q_pe = torch.zeros(b, H, rope_dim, dtype=w_uk.dtype, device=w_uk.device)
+            kv = torch.zeros(b, r + rope_dim, dtype=w_uk.dtype, device=w_uk.device)
+            prefill_attention(q_nope, q_pe, kv, scale, w_uk, w_uv)
+        torch.cuda.synchronize(w_uk.device)
+        return len(buckets)
 
     @staticmethod
     def _decode(q_nope, q_pe, kv_cache, tables, lens, scale, w_uk, w_uv):

@@ -6,7 +6,10 @@ between the GEMMs; a sum over the top-k experts and a cast after them), each mov
 cost more in count than in bytes (issue 11 asks for at most 50 kernels per decoder layer). Both fused MoE
 paths (`triton_moe`, `triton_moe_fast`) use these kernels; every shape depends only on (T, k, E, block_m),
 so no host sync and a decode step can be captured in a CUDA graph. Nothing here uses atomics: every
-output element has one writer and every sum a fixed order, so results repeat bit for bit.
+output element has one writer and every sum a fixed order, so results repeat bit for bit. Token and pair
+counts are not specialised (`do_not_specialize`): Triton would compile a second kernel the first time a
+count is not a multiple of 16, inside a served step (1.8 s for the MoE's kernels on an H200 host,
+bench/engine_wave_bench.py).
 
 - `moe_align`: `_align_count` histograms the expert ids of each chunk of pairs; `_align_place` turns the
   histograms into padded expert offsets (in registers, every program on its own) and writes each pair to
@@ -59,7 +62,7 @@ def moe_align_sizes(num_pairs: int, num_experts: int, block_m: int) -> tuple[int
     return blocks * block_m, blocks
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs"])  # token counts: one compiled kernel for every batch size
 def _align_count(ids_ptr, counts_ptr, pairs, CHUNK: tl.constexpr, STEP: tl.constexpr, BE: tl.constexpr):
     """counts[c, e] = how many of chunk c's pairs chose expert e."""
     c = tl.program_id(0)
@@ -72,7 +75,7 @@ def _align_count(ids_ptr, counts_ptr, pairs, CHUNK: tl.constexpr, STEP: tl.const
     tl.store(counts_ptr + c * BE + e, hist)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs", "num_chunks", "num_blocks"])
 def _align_place(
     ids_ptr, counts_ptr, sorted_ptr, block_experts_ptr, pairs, E, num_chunks, num_blocks,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr, BE: tl.constexpr, BB: tl.constexpr,
@@ -147,7 +150,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
     return MoeAlignment(sorted_pairs, block_experts, pairs, block_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _bridge(
     src_ptr, h_ptr, P, L, S, s_ss, s_sp, s_hp,
     ACT: tl.constexpr, A4W4: tl.constexpr, ROWS: tl.constexpr,

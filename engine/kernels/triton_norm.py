@@ -79,7 +79,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return (y, h, q) if quantize else (y, h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # a token count: one compiled kernel for every batch
 def _swiglu(x_ptr, y_ptr, T, inter, s_x, s_y, QUANT: tl.constexpr, BF16: tl.constexpr, ROWS: tl.constexpr):
     t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     n = tl.program_id(1) * 32 + tl.arange(0, 32)

@@ -21,7 +21,7 @@ import triton.language as tl
 ROWS = 4  # tokens per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # a token count: one compiled kernel for every batch
 def _route(
     scores_ptr, bias_ptr, w_ptr, ids_ptr, T, s_st, scale,
     E: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, RENORM: tl.constexpr,

@@ -111,6 +111,11 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     @torch.inference_mode()
+    def warm_up(self, max_ctx: int) -> int:
+        """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`)."""
+        return self.layers[0].self_attn.warm_up(max_ctx) if len(self.layers) else 0
+
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             return F.linear(hidden, self.embed_tokens).float()

@@ -99,14 +99,14 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
     if opts.tp < 1:
         raise EngineConfigError(f"--tp must be >= 1 (got {opts.tp})")
     device = resolve_device(opts.device, opts.tp)
+    if opts.tp > 1 or device != "cpu":  # a one-process CPU engine keeps torch's default (every core)
+        distributed.set_host_threads(device, opts.tp)
     workers = None
     if opts.tp > 1:
         port = free_port()
         spec = {"model": str(opts.model), "device": device, "dtype": opts.dtype, "quant_mode": opts.quant_mode,
                 "backend": opts.backend, "all_reduce": rt.all_reduce, "one_shot_max_bytes": rt.one_shot_max_bytes}
         workers = distributed.Workers(spec, opts.tp, port, device)
-        if device == "cpu":
-            torch.set_num_threads(distributed.cpu_threads(opts.tp))
         distributed.init_group(0, opts.tp, port, device)
     rank_dev = distributed.rank_device(device, 0)
     try:
@@ -125,7 +125,7 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
         raise
     if workers is not None:
         workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype],
-                                int(rt.cuda_graphs)])
+                                int(rt.cuda_graphs), rt.warm_up_ctx])
         try:
             distributed.setup_all_reduce(model, rt.all_reduce, rt.one_shot_max_bytes, rank_dev)
         except BaseException:

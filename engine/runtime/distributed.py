@@ -65,6 +65,19 @@ def cpu_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def set_host_threads(device: str, world_size: int) -> None:
+    """Torch's intra-op threads for this rank's host work.
+
+    On CPU the model itself runs there: the cores are shared among the ranks. On a GPU the host only
+    builds step inputs from a few thousand integers, where a pool of OpenMP threads costs more in wake-ups
+    (and, in a container with a CPU quota, in throttling) than it saves: one thread, as vLLM's workers do.
+    An explicit OMP_NUM_THREADS is left as the user set it."""
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads(world_size))
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
 class Workers:
     """Rank 0's handle on ranks 1..N-1: their processes, the step broadcast and the watchdog."""
 
@@ -153,15 +166,15 @@ def worker_main(spec: dict) -> None:
     rank, world = spec["rank"], spec["world_size"]
     threading.Thread(target=_watch_parent, args=(spec["parent"],), daemon=True).start()
     device = rank_device(spec["device"], rank)
-    if device == "cpu":
-        torch.set_num_threads(cpu_threads(world))
+    set_host_threads(device, world)
     init_group(rank, world, spec["port"], spec["device"])
     model, cfg = load_model(spec["model"], device=device, dtype=spec["dtype"], quant_mode=spec["quant_mode"],
                             backend=spec["backend"], tp_rank=rank, tp_size=world)
-    num_blocks, block_size, max_model_len, max_rows, kv_code, graphs = recv_ints(6, device)
+    num_blocks, block_size, max_model_len, max_rows, kv_code, graphs, warm_ctx = recv_ints(7, device)
     setup_all_reduce(model, spec["all_reduce"], spec["one_shot_max_bytes"], device)
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_code=kv_code,
                          max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=bool(graphs))
+    runner.warm_up(warm_ctx)  # this thread runs every step of this rank (as LLMEngine.warm_up on rank 0)
     bdev = device if device.startswith("cuda") else "cpu"
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=bdev)
     while True:

@@ -60,6 +60,14 @@ class LLMEngine:
     def add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
 
+    def warm_up(self) -> None:
+        """Before serving, in the thread that will run the steps: kernel plans a step would otherwise
+        build mid-request (cuDNN's SDPA plans are per shape and per thread)."""
+        t0 = time.monotonic()
+        n = self.runner.warm_up(self.config.warm_up_ctx)
+        if n:
+            log.info("warm-up: %d prefill attention shapes in %.1f s", n, time.monotonic() - t0)
+
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:
             self.scheduler.abort(seq)
@@ -145,6 +153,7 @@ class AsyncEngine:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="k2bench-engine", daemon=True)
         self.fatal: str | None = None
+        self.warmed = threading.Event()  # set once the engine thread's warm-up is over (done or failed)
 
     def start(self) -> None:
         self._thread.start()
@@ -189,6 +198,12 @@ class AsyncEngine:
         device computes, instead of taking the GIL from this thread's scheduling of the next step. With 128
         streams that handover cost several milliseconds per step (bench/server_step_overhead.py)."""
         eng = self.engine
+        try:
+            eng.warm_up()
+        except Exception:  # slower first steps, not a reason to refuse service
+            log.exception("engine warm-up failed; serving without it")
+        finally:
+            self.warmed.set()
         held = _Held(self)  # the last step's token events, not yet sent
         while True:
             with self._cv:

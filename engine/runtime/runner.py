@@ -164,6 +164,10 @@ class ModelRunner:
         )
 
     # ---- every rank: run the model ----------------------------------------------------------
+    def warm_up(self, max_ctx: int) -> int:
+        """Build the kernels' per-shape plans in this thread, the one that will run `execute`."""
+        return self.model.warm_up(max_ctx)
+
     @torch.inference_mode()
     def execute(self, inp: StepInputs) -> torch.Tensor | None:
         """Logits [n, vocab] (float32) for the sampled rows, or None when no row samples."""

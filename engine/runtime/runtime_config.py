@@ -25,6 +25,13 @@ class RuntimeConfig:
     all_reduce: str = "auto"  # TP sum: one-shot over symmetric memory up to one_shot_max_bytes where it works, else NCCL
     one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES  # largest tensor the one-shot all-reduce takes (its buffer size)
 
+    @property
+    def warm_up_ctx(self) -> int:
+        """The longest context a prefill attention call can meet as a padded square call (what the engine
+        warms up before serving): a chunk holds at most the step budget and takes that path when it is
+        at least a quarter of its context (`triton_backend.prefill_attention`)."""
+        return min(self.max_model_len or 0, 4 * self.max_num_batched_tokens)
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
         if self.max_num_seqs < 1:

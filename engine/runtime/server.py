@@ -76,6 +76,8 @@ class OpenAIServer:
     async def _start(self, app) -> None:
         self.async_engine = AsyncEngine(self.engine, asyncio.get_running_loop())
         self.async_engine.start()
+        # the port opens (and the server says it is ready) once the engine thread has warmed up
+        await asyncio.get_running_loop().run_in_executor(None, self.async_engine.warmed.wait)
 
     async def _stop(self, app) -> None:
         if self.async_engine is not None:

@@ -198,10 +198,12 @@ def test_triton_mxfp4_gemm_on_cuda():
             assert float((y4 - ref4).abs().max() / ref4.abs().max()) < 1e-4, (m, n, k, split)
 
 
-@pytest.mark.parametrize("n, ctx", [(9, 9), (5, 12), (1, 7)])
+@pytest.mark.parametrize("n, ctx", [(9, 9), (40, 40), (5, 12), (14, 37), (1, 7), (6, 37)])
 def test_expanded_prefill_equals_absorbed_attention(n, ctx):
     """The triton backend's prefill (expanded form, SDPA, lower-right causal) against the torch
-    backend's absorbed attention over the same paged cache (float64 inputs)."""
+    backend's absorbed attention over the same paged cache (float64 inputs). Chunks of at least a
+    quarter of their context take the padded square call (queries at their positions among zero rows,
+    64 rows in all here); shorter ones the lower-right mask: (1, 7) and (6, 37)."""
     import torch
 
     from k2bench.engine.kernels.torch_backend import TorchBackend
@@ -211,8 +213,8 @@ def test_expanded_prefill_equals_absorbed_attention(n, ctx):
     g = torch.Generator().manual_seed(n * 100 + ctx)
     H, nope, rope, r, v, bs = 3, 8, 4, 16, 6, 4
     f64 = torch.float64
-    cache = torch.randn(10, bs, r + rope, generator=g, dtype=f64)
-    table = torch.tensor([[7, 2, 9, 4]])
+    cache = torch.randn(16, bs, r + rope, generator=g, dtype=f64)
+    table = torch.tensor([[7, 2, 9, 4, 12, 0, 15, 3, 10, 1]])
     meta = AttentionMetadata(cu_seqlens_q=torch.tensor([0, n]), context_lens=torch.tensor([ctx]),
                              slot_mapping=torch.zeros(n, dtype=torch.long), block_tables=table, block_size=bs)
     q_nope = torch.randn(n, H, nope, generator=g, dtype=f64)
@@ -232,6 +234,29 @@ def test_expanded_prefill_equals_absorbed_attention(n, ctx):
         assert float((seen[0] - got[0]).abs().max()) < 1e-10
         peek = prefill_attention(q_nope[:1], q_pe[:1], kv, 0.3, w_uk, w_uv)  # one query over all keys
         assert float((peek[0] - got[0]).abs().max()) > 1e-3
+
+
+def test_query_bucket_rounds_up_by_at_most_an_eighth():
+    from k2bench.engine.kernels.triton_backend import query_bucket
+
+    sizes = range(1, 20000)
+    buckets = [query_bucket(n) for n in sizes]
+    assert all(b >= n and b % 64 == 0 for n, b in zip(sizes, buckets, strict=True))
+    assert all(b - n <= max(63, n // 8) for n, b in zip(sizes, buckets, strict=True))
+    # the design card's chunk lengths (8192 less up to 127 decodes) share one shape
+    assert {query_bucket(n) for n in range(8192 - 127, 8193)} == {8192}
+
+
+def test_prefill_buckets_are_every_length_the_square_calls_meet():
+    """The engine's warm-up runs `prefill_buckets(max_ctx)`: every padded length a context up to max_ctx
+    gives, and nothing past the last one it needs."""
+    from k2bench.engine.kernels.triton_backend import prefill_buckets, query_bucket
+
+    for max_ctx in (1, 64, 65, 1000, 9600, 32768):
+        buckets = prefill_buckets(max_ctx)
+        assert buckets == sorted(set(buckets))
+        assert set(buckets) == {query_bucket(n) for n in range(1, max_ctx + 1)}
+    assert len(prefill_buckets(32768)) < 64  # a second or two of cuDNN plan builds at start, not minutes
 
 
 @pytest.mark.parametrize("a4w4", [False, True])

@@ -42,7 +42,7 @@ def test_fused_moe_many_pairs_per_expert(T):
         assert _rel(got, ref) < 1e-5, variant
 
 
-@pytest.mark.parametrize("n, ctx", [(512, 512), (300, 1100), (2048, 2048)])
+@pytest.mark.parametrize("n, ctx", [(512, 512), (300, 1100), (200, 1100), (2048, 2048)])
 def test_prefill_attention_long(n, ctx):
     from k2bench.engine.kernels.torch_backend import TorchBackend
     from k2bench.engine.kernels.triton_backend import prefill_attention
@@ -91,7 +91,8 @@ def test_prefill_attention_takes_a_fused_sdpa_kernel_in_bf16():
 
     H, nope, rope, r, v = 16, 128, 64, 512, 128
     g = torch.Generator().manual_seed(3)
-    for n, ctx in [(1024, 1024), (300, 1100)]:
+    # padded square calls (1000 rows as 1024; 300 queries after 800 cached tokens) and one lower-right call
+    for n, ctx in [(1024, 1024), (1000, 1000), (300, 1100), (200, 1100)]:
         kv = torch.randn(ctx, r + rope, generator=g).cuda()
         q_nope = torch.randn(n, H, nope, generator=g).cuda()
         q_pe = torch.randn(n, H, rope, generator=g).cuda()

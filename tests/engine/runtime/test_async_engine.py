@@ -5,6 +5,7 @@ that next step), and nothing is held back when no step follows or a step fails."
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -18,9 +19,10 @@ class ScriptedEngine:
     """Stands in for LLMEngine: each step gives every live sequence one token (ids 10, 11, ...), finishing
     at max_tokens, and logs when it launches; `fail_at` makes that step raise after its launch."""
 
-    def __init__(self, log: list, fail_at: int | None = None) -> None:
+    def __init__(self, log: list, fail_at: int | None = None, warm_up_error: bool = False) -> None:
         self.log = log
         self.fail_at = fail_at
+        self.warm_up_error = warm_up_error
         self.live: list[Sequence] = []
         self.steps = 0
         self.idle_step = False
@@ -39,6 +41,11 @@ class ScriptedEngine:
 
     def add(self, seq: Sequence) -> None:
         self.live.append(seq)
+
+    def warm_up(self) -> None:
+        self.log.append(("warm_up", threading.current_thread().name))
+        if self.warm_up_error:
+            raise RuntimeError("no plans today")
 
     def abort(self, seq: Sequence) -> None:
         seq.finish_reason = "abort"
@@ -111,3 +118,14 @@ def test_a_failing_step_sends_the_held_tokens_before_the_error():
     for out in got:
         assert out[0] == (10, None, None)  # step 1's token, held until step 2 launched, then delivered
         assert out[1][0] is None and out[1][1] == "error" and "device fault" in out[1][2]
+
+
+def test_warm_up_runs_in_the_engine_thread_before_the_first_step():
+    """cuDNN keeps its SDPA plans per thread: warming up anywhere but the thread that runs the steps would
+    warm nothing. A warm-up that fails leaves a working (slower) engine."""
+    for fails in (False, True):
+        log: list = []
+        got = run_requests(ScriptedEngine(log, warm_up_error=fails), max_tokens=2, n=1)
+        assert got == [[(10, None, None), (11, "length", None)]]
+        assert log[0] == ("warm_up", "k2bench-engine")
+        assert log.index(("warm_up", "k2bench-engine")) < log.index(("launch", 1))

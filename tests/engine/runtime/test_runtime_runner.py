@@ -88,3 +88,25 @@ def test_max_num_seqs_bounds_each_batch():
         eng.step()
         assert len(eng.scheduler.running) <= 3
     assert all(s.num_output_tokens == 4 for s in seqs)
+
+
+def test_host_threads_on_a_gpu_are_one_unless_the_user_set_them(monkeypatch):
+    """A GPU rank builds step inputs on one host thread; OMP_NUM_THREADS, when set, wins; CPU ranks share
+    the cores."""
+    from k2bench.engine.runtime import distributed
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        distributed.set_host_threads("cuda", 1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        distributed.set_host_threads("cuda", 1)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(distributed.os, "cpu_count", lambda: 8)
+        distributed.set_host_threads("cpu", 4)
+        assert torch.get_num_threads() == 2  # 8 cores over 4 ranks
+    finally:
+        torch.set_num_threads(before)
