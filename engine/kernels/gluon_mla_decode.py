@@ -82,6 +82,7 @@ def mla_decode_hopper(
     s_ob, s_oh, s_os, s_lb, s_lh,
     H: gl.constexpr, R: gl.constexpr, P: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_N: gl.constexpr, NBUF: gl.constexpr, DIRECT: gl.constexpr, PREFETCH: gl.constexpr,
+    P_SMEM: gl.constexpr, LAZY_SUM: gl.constexpr, COPY_LATE: gl.constexpr,
 ):
     """Grid (B, num_splits), 8 warps. Writes the normalised output, or a split's partial and its lse."""
     b = gl.program_id(0)
@@ -99,6 +100,8 @@ def mla_decode_hopper(
 
     lat_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, R], SMEM)
     pe_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, P], SMEM)
+    if P_SMEM:  # the probabilities, the output product's A operand, written by both warpgroups
+        p_s = gl.allocate_shared_memory(dt, [H, BLOCK_N], gl.NVMMASharedLayout.get_default_for([H, BLOCK_N], dt))
 
     # this split's slice of the context, in whole tiles; trailing splits may be empty
     ctx = gl.load(lens_ptr + b).to(gl.int32)
@@ -129,27 +132,40 @@ def mla_decode_hopper(
     q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, q_pe.to(dt))
 
     m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
-    l_i = gl.zeros([H], gl.float32, gl.SliceLayout(1, S_L))
+    if LAZY_SUM:  # per-element running sums, reduced over the tokens once after the loop
+        l_e = gl.zeros([H, BLOCK_N], gl.float32, S_L)
+    else:
+        l_i = gl.zeros([H], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([H, R], gl.float32, O_L)
     cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
     for t in range(0, n):
-        # every warpgroup has finished tile t - 1, so its buffer takes tile t + NBUF - 1 (zero-filled
-        # when past the slice: the copy is still issued so that the group count stays regular)
-        gl.thread_barrier()
-        nxt = t + NBUF - 1
-        _copy_tile(lat_s.index(nxt % NBUF), pe_s.index(nxt % NBUF), kv_ptr, blk_l, blk_p, start + nxt * BLOCK_N, end,
-                   s_kvb, s_kvt, R, P, PAGE, BLOCK_N, LAT_L, PE_L)
-        async_copy.commit_group()
-        first = start + (nxt + 1) * BLOCK_N  # table entries of the next copy, loaded a whole iteration early
-        blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
-        blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
-        async_copy.wait_group(NBUF - 1)  # this thread's pieces of tile t have landed,
+        nxt = t + NBUF - 1  # the tile whose copy this iteration issues, into the buffer of tile t - 1
+        if not COPY_LATE:
+            # every warpgroup has finished tile t - 1, so its buffer takes tile t + NBUF - 1 (zero-filled
+            # when past the slice: the copy is still issued so that the group count stays regular)
+            gl.thread_barrier()
+            _copy_tile(lat_s.index(nxt % NBUF), pe_s.index(nxt % NBUF), kv_ptr, blk_l, blk_p, start + nxt * BLOCK_N,
+                       end, s_kvb, s_kvt, R, P, PAGE, BLOCK_N, LAT_L, PE_L)
+            async_copy.commit_group()
+            first = start + (nxt + 1) * BLOCK_N  # table entries of the next copy, loaded a whole iteration early
+            blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
+            blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
+            async_copy.wait_group(NBUF - 1)  # this thread's pieces of tile t have landed,
+        else:
+            async_copy.wait_group(NBUF - 2)  # the copy of tile t + NBUF - 1 is not issued yet
         fence_async_shared()  # are ordered before the tensor cores' reads (the query's stores too),
-        gl.thread_barrier()  # and so are every other thread's
+        gl.thread_barrier()  # and so are every other thread's (with COPY_LATE: and tile t - 1 is done with)
         lat = lat_s.index(t % NBUF)
         pe = pe_s.index(t % NBUF)
         s = warpgroup_mma(q_lat_s, lat.permute((1, 0)), gl.zeros([H, BLOCK_N], gl.float32, S_L), is_async=True)
         s = warpgroup_mma(q_pe_s, pe.permute((1, 0)), s, is_async=True)
+        if COPY_LATE:  # issued under the score product, behind the barrier above: one barrier per tile fewer
+            _copy_tile(lat_s.index(nxt % NBUF), pe_s.index(nxt % NBUF), kv_ptr, blk_l, blk_p, start + nxt * BLOCK_N,
+                       end, s_kvb, s_kvt, R, P, PAGE, BLOCK_N, LAT_L, PE_L)
+            async_copy.commit_group()
+            first = start + (nxt + 1) * BLOCK_N
+            blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
+            blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
         s = warpgroup_mma_wait(0, deps=[s])
         s = s * qk_scale  # scale * log2(e): the softmax runs in base 2
         tok = start + t * BLOCK_N + cols
@@ -157,16 +173,27 @@ def mla_decode_hopper(
         m_new = gl.maximum(m_i, gl.max(s, axis=1))  # finite: every tile has a token of the slice
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        if LAZY_SUM:
+            l_e = l_e * gl.expand_dims(alpha, 1) + p
+        else:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
         m_i = m_new
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dt), P_L), lat, acc, is_async=True)
+        if P_SMEM:  # each warpgroup writes its half of the tokens; both read all of them from there
+            p_s.store(p.to(dt))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p_s, lat, acc, is_async=True)
+        else:  # through registers in the A-operand layout (triton exchanges the halves in shared memory)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dt), P_L), lat, acc, is_async=True)
         if PREFETCH:  # under the output product: the tile after the next copy, into L2 only
             first = start + (nxt + 1) * BLOCK_N
             blk_f = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PF_L))
             _prefetch_l2(kv_ptr, blk_f, first, s_kvb, s_kvt, PAGE, BLOCK_N, (R + P) * dt.primitive_bitwidth // 8, PF_L)
         acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
+    if LAZY_SUM:
+        l_i = gl.sum(l_e, axis=1)
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
     nonempty = l_o > 0.0

@@ -53,6 +53,9 @@ DEFAULT_SMS = 132  # H200 / H100 SXM, used when there is no CUDA device (interpr
 HOPPER_BLOCK_N = 64
 HOPPER_NBUF = 2
 HOPPER_PREFETCH = True
+HOPPER_P_SMEM = False  # probabilities to the output product through a shared buffer (one barrier, not four)
+HOPPER_LAZY_SUM = False  # softmax denominators summed per element, reduced over the tokens once at the end
+HOPPER_COPY_LATE = False  # the next tile's copy issued after this tile's wait, under the score product
 
 
 @triton.jit
@@ -153,6 +156,17 @@ def _mla_decode_merge(
     tl.store(out_ptr + b * s_ob + h * s_oh + rr, (acc / denom).to(out_ptr.dtype.element_ty))
 
 
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stage 2 of both stage-1 kernels: out [B, H, r] from the splits' partials part [B, H, S, r] (float32)
+    weighted by their log-sum-exps lse [B, H, S]; a public door so the bench can time the merge alone."""
+    B, H, num_splits, r = part.shape
+    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
+                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
+                                num_warps=4)
+    return out
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -193,6 +207,9 @@ def mla_decode(
     variant: str | None = None,
     nbuf: int = HOPPER_NBUF,
     prefetch: bool = HOPPER_PREFETCH,
+    p_smem: bool = HOPPER_P_SMEM,
+    lazy_sum: bool = HOPPER_LAZY_SUM,
+    copy_late: bool = HOPPER_COPY_LATE,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
@@ -215,8 +232,12 @@ def mla_decode(
     0.18 at 32: bench/results/2026-12-01_h200_mla3), or
     "triton" (the `tl` kernel above); None takes "hopper" where `hopper_eligible` holds and none of the
     tl kernel's knobs (block_h, num_warps, num_stages) is set. The hopper
-    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32) and prefetch
-    (an L2 prefetch of the tile after the next).
+    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32), prefetch
+    (an L2 prefetch of the tile after the next), p_smem (the probabilities reach the output product
+    through a shared buffer instead of a register layout conversion) and lazy_sum (the softmax
+    denominators kept per element, so the loop has no cross-warpgroup sum) and copy_late (the next
+    tile's copy issued behind the barrier that releases this tile, one barrier per tile fewer, but
+    after this tile has landed rather than before).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -262,7 +283,8 @@ def mla_decode(
             raise ValueError("the hopper MLA decode kernel needs an sm_90 GPU, 64 heads, r=512, p=64, and a bf16/fp16 "
                              "query and cache of one dtype with 16-byte aligned rows")
         return _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits,
-                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch)
+                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch, p_smem=p_smem, lazy_sum=lazy_sum,
+                       copy_late=copy_late)
     if variant != "triton":
         raise ValueError(f"unknown MLA decode variant {variant!r}: hopper, triton")
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
@@ -283,11 +305,7 @@ def mla_decode(
     _mla_decode_split[grid](*args, part, lse, H, num_splits, scale * LOG2E, *strides,
                             part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                             DIRECT=False, **common)
-    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
-                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
-                                num_warps=4)
-    return out
+    return merge_splits(part, lse, out)
 
 
 def hopper_eligible(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -319,7 +337,7 @@ def _hopper_available(device_index: int) -> bool:
 
 def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
             context_lens: torch.Tensor, scale: float, num_splits: int, *, block_n: int, nbuf: int,
-            prefetch: bool) -> torch.Tensor:
+            prefetch: bool, p_smem: bool, lazy_sum: bool, copy_late: bool) -> torch.Tensor:
     """Stage 1 in Gluon (grid: sequences x splits), then the shared merge kernel when split."""
     from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
 
@@ -332,7 +350,8 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
     strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
-    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch),
+                  P_SMEM=bool(p_smem), LAZY_SUM=bool(lazy_sum), COPY_LATE=bool(copy_late), num_warps=8)
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)
     if num_splits == 1:
         mla_decode_hopper[(B, 1)](*args, out, out, 1, scale * LOG2E, *strides, out.stride(0), out.stride(1), 0, 0, 0,
@@ -343,8 +362,4 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
     mla_decode_hopper[(B, num_splits)](*args, part, lse, num_splits, scale * LOG2E, *strides,
                                        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                                        DIRECT=False, **consts)
-    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
-                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
-                                num_warps=4)
-    return out
+    return merge_splits(part, lse, out)

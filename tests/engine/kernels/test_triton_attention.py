@@ -238,7 +238,7 @@ def test_hopper_mla_decode_against_float64():
     """The Gluon kernel (engine/kernels/gluon_mla_decode.py) at real widths on an sm_90 GPU, against the
     float64 reference on a poisoned cache (NaN in block 0 and past every context, so an out-of-context
     read shows), for ragged lengths (1 token, partial tiles, one split longer than the others) and
-    every tile / buffer setting and split count it takes; it must be the default there."""
+    every tile / buffer / option setting and split count it takes; it must be the default there."""
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -255,11 +255,15 @@ def test_hopper_mla_decode_against_float64():
     top = float(ref.abs().max())
     dev = [x.cuda() for x in (q_lat, q_pe, poisoned, tables, lens_t)]
     assert hopper_eligible(dev[0], dev[1], dev[2])
-    for block_n, nbuf, prefetch in ((64, 2, True), (64, 2, False), (32, 2, True), (32, 4, False)):
+    # (block_n, nbuf, prefetch, p_smem, lazy_sum, copy_late): every tile and buffer count, options alone and together
+    F, T = False, True
+    for block_n, nbuf, *opts in ((64, 2, T, F, F, F), (64, 2, F, F, F, F), (32, 2, T, F, F, F), (32, 4, F, F, F, F),
+                                 (64, 2, F, T, F, F), (64, 2, F, F, T, F), (64, 2, F, T, T, F), (64, 2, F, T, T, T),
+                                 (64, 2, T, T, T, F), (64, 2, T, T, T, T), (32, 4, F, T, T, T), (32, 3, F, F, F, T)):
         for splits in (None, 1, 3, 8):
             out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf,
-                             prefetch=prefetch)
-            cfg = (block_n, nbuf, prefetch, splits)
+                             **dict(zip(("prefetch", "p_smem", "lazy_sum", "copy_late"), opts, strict=True)))
+            cfg = (block_n, nbuf, *opts, splits)
             assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(lens), 64, 512)
             assert not torch.isnan(out).any(), cfg
             err = float((out.double().cpu() - ref).abs().max()) / top
