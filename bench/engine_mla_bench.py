@@ -4,15 +4,15 @@ Kimi-K2.5 width at TP 1: 64 heads, latent 512 + rope 64 per cached token in bf16
 handed out shuffled. The floor is B x ctx x 576 x 2 bytes over the measured copy bandwidth (queries and
 outputs are a few MB and left out). Prints the default launch (the Gluon kernel on sm_90) and the `tl`
 kernel's, and with --sweep a grid of the Gluon kernel's options (L2 prefetch, probabilities through
-shared memory, lazy softmax sums, the late copy issue) over split counts near the default; --sweep full adds its 32-token
-tiles, the `tl` kernel's pipeline stages and every split count up to four rounds of programs. Each row's
-output is compared with the default's so a fast wrong configuration shows. Two more rows per batch
-read the limits: the fastest configuration on an L2-resident cache (every block-table entry names one
-block, so the time is the kernel's own work, not HBM's), and the merge kernel alone where the default
-splits. Medians of CUDA-event timings of `--inner` calls replayed from one CUDA graph (divided), as the
-engine runs decode, so the host's launch time (tens of microseconds of Python per call, which made
-batch 4 host-bound in the 2026-12-01 runs) is not counted; --no-graph times plain back-to-back calls.
-Writes JSON.
+shared memory, lazy softmax sums, the late copy issue) over split counts near the default; --sweep full
+adds its 32-token tiles, the `tl` kernel's pipeline stages and every split count up to four rounds of
+programs. Each row's output is compared with the default's so a fast wrong configuration shows. More
+rows per batch read the limits: the default and the fastest configuration on an L2-resident cache (every
+block-table entry names one block, so the time is the kernel's own work, not HBM's), and the merge
+kernel alone where the default splits. Medians of CUDA-event timings of `--inner` calls replayed from
+one CUDA graph (divided), as the engine runs decode, so the host's launch time (tens of microseconds of
+Python per call, which made batch 4 host-bound in the 2026-12-01 runs) is not counted; --no-graph times
+plain back-to-back calls. Writes JSON.
 
     python bench/engine_mla_bench.py --batches 4,32,128 --ctx 8192 [--sweep [full]] --out /tmp/out
 """
@@ -67,7 +67,7 @@ def timed(fn, reps: int, inner: int, graph: bool) -> float:
 
 def sweep_configs(kind: str, batch: int, dflt: int, sms: int) -> list[tuple[str, dict]]:
     """The Gluon kernel's options over splits near the default (kind "near"), or a wider grid ("full")."""
-    splits = sorted({max(1, dflt // 2), dflt, min(32, 2 * dflt)})
+    splits = sorted({max(1, dflt // 4), max(1, dflt // 2), dflt, min(32, 2 * dflt)})  # fewer splits, smaller merge
     if kind == "full":
         splits = sorted({s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if batch * s <= 4 * sms} | {dflt})
     # (prefetch, p_smem, lazy_sum, copy_late): the 2026-12-01 default first, then options alone and together
