@@ -82,7 +82,7 @@ def mla_decode_hopper(
     s_ob, s_oh, s_os, s_lb, s_lh,
     H: gl.constexpr, R: gl.constexpr, P: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_N: gl.constexpr, NBUF: gl.constexpr, DIRECT: gl.constexpr, PREFETCH: gl.constexpr,
-    P_SMEM: gl.constexpr, LAZY_SUM: gl.constexpr, COPY_LATE: gl.constexpr,
+    P_SMEM: gl.constexpr, LAZY_SUM: gl.constexpr, COPY_LATE: gl.constexpr, Q_ASYNC: gl.constexpr,
 ):
     """Grid (B, num_splits), 8 warps. Writes the normalised output, or a split's partial and its lse."""
     b = gl.program_id(0)
@@ -111,6 +111,17 @@ def mla_decode_hopper(
     n = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     tables_row = tables_ptr + b * s_tb
 
+    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
+    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
+    q_lat_ptrs = q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0)
+    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
+    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
+    q_pe_ptrs = q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0)
+    if Q_ASYNC:  # the query joins the first tile's copy group: no register round trip, no wait of its own
+        q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM)
+        q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM)
+        async_copy.async_copy_global_to_shared(q_lat_s, q_lat_ptrs)
+        async_copy.async_copy_global_to_shared(q_pe_s, q_pe_ptrs)
     for i in gl.static_range(NBUF - 1):  # prologue: the first NBUF - 1 tiles in flight
         first = start + i * BLOCK_N
         blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
@@ -121,15 +132,9 @@ def mla_decode_hopper(
     first = start + (NBUF - 1) * BLOCK_N
     blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
     blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
-    # the query goes to shared memory while the first tiles are on their way
-    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
-    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
-    q_lat = gl.load(q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0))
-    q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM, q_lat)
-    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
-    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
-    q_pe = gl.load(q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0))
-    q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, q_pe.to(dt))
+    if not Q_ASYNC:  # the query goes to shared memory through registers while the first tiles are on their way
+        q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM, gl.load(q_lat_ptrs))
+        q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, gl.load(q_pe_ptrs).to(dt))
 
     m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
     if LAZY_SUM:  # per-element running sums, reduced over the tokens once after the loop

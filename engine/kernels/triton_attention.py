@@ -56,6 +56,7 @@ HOPPER_PREFETCH = True
 HOPPER_P_SMEM = False  # probabilities to the output product through a shared buffer (one barrier, not four)
 HOPPER_LAZY_SUM = False  # softmax denominators summed per element, reduced over the tokens once at the end
 HOPPER_COPY_LATE = False  # the next tile's copy issued after this tile's wait, under the score product
+HOPPER_Q_ASYNC = False  # the query copied to shared memory with the first tile (cp.async), not through registers
 
 
 @triton.jit
@@ -210,6 +211,7 @@ def mla_decode(
     p_smem: bool = HOPPER_P_SMEM,
     lazy_sum: bool = HOPPER_LAZY_SUM,
     copy_late: bool = HOPPER_COPY_LATE,
+    q_async: bool = HOPPER_Q_ASYNC,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
@@ -237,7 +239,8 @@ def mla_decode(
     through a shared buffer instead of a register layout conversion) and lazy_sum (the softmax
     denominators kept per element, so the loop has no cross-warpgroup sum) and copy_late (the next
     tile's copy issued behind the barrier that releases this tile, one barrier per tile fewer, but
-    after this tile has landed rather than before).
+    after this tile has landed rather than before) and q_async (the query copied into shared memory with
+    the first tile, so a program's start waits on one copy instead of a load and a store).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -284,7 +287,7 @@ def mla_decode(
                              "query and cache of one dtype with 16-byte aligned rows")
         return _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits,
                        block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch, p_smem=p_smem, lazy_sum=lazy_sum,
-                       copy_late=copy_late)
+                       copy_late=copy_late, q_async=q_async)
     if variant != "triton":
         raise ValueError(f"unknown MLA decode variant {variant!r}: hopper, triton")
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
@@ -337,7 +340,7 @@ def _hopper_available(device_index: int) -> bool:
 
 def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
             context_lens: torch.Tensor, scale: float, num_splits: int, *, block_n: int, nbuf: int,
-            prefetch: bool, p_smem: bool, lazy_sum: bool, copy_late: bool) -> torch.Tensor:
+            prefetch: bool, p_smem: bool, lazy_sum: bool, copy_late: bool, q_async: bool) -> torch.Tensor:
     """Stage 1 in Gluon (grid: sequences x splits), then the shared merge kernel when split."""
     from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
 
@@ -348,10 +351,13 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
         raise ValueError(f"hopper MLA decode: block_n {block_n} with {nbuf} buffers does not fit in shared memory "
                          "(64 x 2, or 32 x 2..4)")
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch),
+                  P_SMEM=bool(p_smem), LAZY_SUM=bool(lazy_sum), COPY_LATE=bool(copy_late), Q_ASYNC=bool(q_async),
+                  num_warps=8)
+    if q_async:  # cp.async moves 16-byte pieces: a query view off those boundaries is copied first
+        q_lat, q_pe = _aligned16(q_lat), _aligned16(q_pe)
     strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
-    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch),
-                  P_SMEM=bool(p_smem), LAZY_SUM=bool(lazy_sum), COPY_LATE=bool(copy_late), num_warps=8)
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)
     if num_splits == 1:
         mla_decode_hopper[(B, 1)](*args, out, out, 1, scale * LOG2E, *strides, out.stride(0), out.stride(1), 0, 0, 0,
@@ -363,3 +369,9 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
                                        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                                        DIRECT=False, **consts)
     return merge_splits(part, lse, out)
+
+
+def _aligned16(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its start and outer strides sit on 16-byte boundaries, else a contiguous copy."""
+    ok = x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
+    return x if ok else torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
