@@ -38,7 +38,7 @@ PAGE, HEADS, R, P = 16, 64, 512, 64
 # The Gluon kernel's options swept: the 2026-12-01 default (L2 prefetch on) first, then without it, then
 # the newer options alone and together (tests/engine/kernels/test_triton_attention.py checks each set)
 _NAMES = ("prefetch", "p_smem", "lazy_sum", "copy_late", "q_async")
-OPTION_SETS = [dict(zip(_NAMES, flags, strict=True)) for flags in (
+OPTION_SETS = [dict(zip(_NAMES, map(bool, flags), strict=True)) for flags in (
     (1, 0, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0),
     (0, 1, 1, 1, 0), (0, 1, 1, 0, 1), (0, 1, 1, 1, 1), (1, 1, 1, 1, 1))]
 
@@ -150,9 +150,10 @@ def main() -> int:
             rows.append({"batch": batch, "ctx": args.ctx, "label": label, "config": cfg, "ms": med, "floor_ms": floor_ms,
                          "x_floor": med / floor_ms, "gbs": batch * args.ctx * (R + P) * 2 / med / 1e6,
                          "max_abs_diff_vs_default": err})
-            if label != "sweep" or med / floor_ms < 2.0:
-                print(f"B={batch:>4} {label if label != 'sweep' else json.dumps(cfg):<90} {med:7.3f} ms  floor {floor_ms:6.3f}"
-                      f"  x{med / floor_ms:5.2f}  diff {err:.1e}", flush=True)
+            name = label if label != "sweep" else " ".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                                                           for k, v in cfg.items() if k != "variant")
+            print(f"B={batch:>4} {name:<88} {med:7.3f} ms  floor {floor_ms:6.3f}  x{med / floor_ms:5.2f}  diff {err:.1e}",
+                  flush=True)
         good = [r for r in rows if r.get("batch") == batch and r.get("max_abs_diff_vs_default", 1.0) < 0.05]
         best = min(good, key=lambda r: r["ms"]) if good else {"config": {}}
         if args.sweep and good:
