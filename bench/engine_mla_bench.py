@@ -7,8 +7,8 @@ kernel's, and with --sweep a grid of the Gluon kernel's options (L2 prefetch, pr
 shared memory, lazy softmax sums, the late copy issue, the query's copy) over split counts near the default; --sweep full
 adds its 32-token tiles, the `tl` kernel's pipeline stages and every split count up to four rounds of
 programs. Each row's output is compared with the default's so a fast wrong configuration shows. More
-rows per batch read the limits: the default and the fastest configuration on an L2-resident cache (every
-block-table entry names one block, so the time is the kernel's own work, not HBM's), and the merge
+rows per batch read the limits: the default and the fastest configuration on an L2-resident cache (each
+table repeats one tile's blocks, so the time is the kernel's own work, not HBM's), and the merge
 kernel alone where the default splits. Medians of CUDA-event timings of `--inner` calls replayed from
 one CUDA graph (divided), as the engine runs decode, so the host's launch time (tens of microseconds of
 Python per call, which made batch 4 host-bound in the 2026-12-01 runs) is not counted; --no-graph times
@@ -87,12 +87,14 @@ def sweep_configs(kind: str, batch: int, dflt: int, sms: int) -> list[tuple[str,
 def limits(batch: int, args: argparse.Namespace, tensors: tuple, scale: float, best: dict, dflt: int,
            floor_ms: float) -> list[dict]:
     """Rows that say where the time goes: the default and the best configuration on an L2-resident cache
-    (all table entries name block 0: the same few KB come from L2 every tile, so what is left is the
-    kernel's own work and latency), and the merge kernel alone at the default split count."""
+    (each sequence's table repeats its first four blocks, one 64-token tile: 72 KB a sequence, 9.4 MB at
+    batch 128, read from L2 every tile, so what is left is the kernel's own work and latency), and the
+    merge kernel alone at the default split count."""
     q_lat, q_pe, cache, tables, lens = tensors
     out = []
+    l2_tables = tables[:, torch.arange(tables.shape[1], device=tables.device) % 4]
     for cfg in [{}] + ([best] if best else []):
-        l2 = functools.partial(mla_decode, q_lat, q_pe, cache, torch.zeros_like(tables), lens, scale, **cfg)
+        l2 = functools.partial(mla_decode, q_lat, q_pe, cache, l2_tables, lens, scale, **cfg)
         ms = timed(l2, args.reps, args.inner, args.graph)
         out.append({"batch": batch, "ctx": args.ctx, "label": "L2-resident cache", "config": cfg, "ms": ms,
                     "floor_ms": floor_ms, "x_floor": ms / floor_ms})
