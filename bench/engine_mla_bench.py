@@ -3,16 +3,16 @@
 Kimi-K2.5 width at TP 1: 64 heads, latent 512 + rope 64 per cached token in bf16, pages of 16 tokens
 handed out shuffled. The floor is B x ctx x 576 x 2 bytes over the measured copy bandwidth (queries and
 outputs are a few MB and left out). Prints the default launch (the Gluon kernel on sm_90) and the `tl`
-kernel's, and with --sweep a grid of the Gluon kernel's options (L2 prefetch, probabilities through
-shared memory, lazy softmax sums, the late copy issue, the query's copy) over split counts near the default; --sweep full
-adds its 32-token tiles, the `tl` kernel's pipeline stages and every split count up to four rounds of
-programs. Each row's output is compared with the default's so a fast wrong configuration shows. More
+kernel's, and with --sweep the Gluon kernel with and without its L2 prefetch over split counts near the
+default (the 2026-12-01 mla4 run also swept the loop options that are now its fixed design); --sweep
+full adds its 32-token tiles, the `tl` kernel's pipeline stages and every split count up to four rounds
+of programs. Each row's output is compared with the default's so a fast wrong configuration shows. More
 rows per batch read the limits: the default and the fastest configuration on an L2-resident cache (each
-table repeats one tile's blocks, so the time is the kernel's own work, not HBM's), and the merge
-kernel alone where the default splits. Medians of CUDA-event timings of `--inner` calls replayed from
-one CUDA graph (divided), as the engine runs decode, so the host's launch time (tens of microseconds of
-Python per call, which made batch 4 host-bound in the 2026-12-01 runs) is not counted; --no-graph times
-plain back-to-back calls. Writes JSON.
+table repeats one tile's blocks, so the time is the kernel's own work, not HBM's), and the merge kernel
+alone where the default splits. Medians of CUDA-event timings of `--inner` calls replayed from one CUDA
+graph (divided), as the engine runs decode, so the host's launch time (tens of microseconds of Python
+per call, which made batch 4 host-bound in the 2026-12-01 runs) is not counted; --no-graph times plain
+back-to-back calls. Writes JSON.
 
     python bench/engine_mla_bench.py --batches 4,32,128 --ctx 8192 [--sweep [full]] --out /tmp/out
 """
@@ -35,12 +35,6 @@ from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 from k2bench.engine.kernels.triton_attention import default_num_splits, merge_splits, mla_decode  # noqa: E402
 
 PAGE, HEADS, R, P = 16, 64, 512, 64
-# The Gluon kernel's options swept: the 2026-12-01 default (L2 prefetch on) first, then without it, then
-# the newer options alone and together (tests/engine/kernels/test_triton_attention.py checks each set)
-_NAMES = ("prefetch", "p_smem", "lazy_sum", "copy_late", "q_async")
-OPTION_SETS = [dict(zip(_NAMES, map(bool, flags), strict=True)) for flags in (
-    (1, 0, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0),
-    (0, 1, 1, 1, 0), (0, 1, 1, 0, 1), (0, 1, 1, 1, 1), (1, 1, 1, 1, 1))]
 
 
 def inputs(batch: int, ctx: int, gen: torch.Generator):
@@ -77,8 +71,8 @@ def sweep_configs(kind: str, batch: int, dflt: int, sms: int) -> list[tuple[str,
     if kind == "full":
         splits = sorted({s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if batch * s <= 4 * sms} | {dflt})
     tiles = ((64, 2), (32, 4)) if kind == "full" else ((64, 2),)
-    configs = [("sweep", dict(variant="hopper", block_n=bn, nbuf=nb, **opts, num_splits=sp))
-               for (bn, nb), opts, sp in itertools.product(tiles, OPTION_SETS, splits)]
+    configs = [("sweep", dict(variant="hopper", block_n=bn, nbuf=nb, prefetch=pf, num_splits=sp))
+               for (bn, nb), pf, sp in itertools.product(tiles, (False, True), splits)]
     if kind == "full":  # the tl kernel's 3 stages beat its 2 on 2026-12-01 (bench/results/2026-12-01_h200_mla3)
         configs += [("sweep", dict(block_h=64, block_n=64, num_warps=8, num_stages=3, num_splits=sp)) for sp in splits]
     return configs

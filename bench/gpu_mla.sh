@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# MLA decode on one GPU, in one device call: bench/engine_mla_bench.py with a sweep of the Gluon
-# kernel's options (so a default can be chosen from one run's numbers), then the MLA GPU tests (the
-# Gluon kernel against a float64 reference for every option set swept, the tl kernel against the
-# torch backend), which reuse the bench's compiled kernels.
+# MLA decode on one GPU, in one device call: bench/engine_mla_bench.py with a sweep (splits, the Gluon
+# kernel's L2 prefetch; SWEEP=full adds tiles and the tl kernel's stages), then the MLA GPU tests (the
+# Gluon kernel against a float64 reference for every tile setting, the tl kernel against the torch
+# backend), which reuse the bench's compiled kernels.
 #   OUT=/tmp/out [BATCHES=128,32,4] [SWEEP=near|full] [TESTS=0] bash bench/gpu_mla.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}

@@ -49,14 +49,11 @@ PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 DEFAULT_SMS = 132  # H200 / H100 SXM, used when there is no CUDA device (interpreter)
-# The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query (220 KiB in all).
+# The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query and the 8 KiB
+# probabilities (224.5 KiB of the 227 an SM gives a block).
 HOPPER_BLOCK_N = 64
 HOPPER_NBUF = 2
-HOPPER_PREFETCH = True
-HOPPER_P_SMEM = False  # probabilities to the output product through a shared buffer (one barrier, not four)
-HOPPER_LAZY_SUM = False  # softmax denominators summed per element, reduced over the tokens once at the end
-HOPPER_COPY_LATE = False  # the next tile's copy issued after this tile's wait, under the score product
-HOPPER_Q_ASYNC = False  # the query copied to shared memory with the first tile (cp.async), not through registers
+HOPPER_PREFETCH = False  # the L2 prefetch was slower in every H200 run (bench/results/2026-12-01_h200_mla4)
 
 
 @triton.jit
@@ -208,10 +205,6 @@ def mla_decode(
     variant: str | None = None,
     nbuf: int = HOPPER_NBUF,
     prefetch: bool = HOPPER_PREFETCH,
-    p_smem: bool = HOPPER_P_SMEM,
-    lazy_sum: bool = HOPPER_LAZY_SUM,
-    copy_late: bool = HOPPER_COPY_LATE,
-    q_async: bool = HOPPER_Q_ASYNC,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged latent cache -> [B, H, r].
 
@@ -230,17 +223,13 @@ def mla_decode(
     in 32-token tiles.
 
     variant: "hopper" (`gluon_mla_decode`, explicit layouts and copy pipeline: see that module; on an
-    H200 at 64 heads and 8k contexts 0.446 against 0.636 ms for the tl kernel at batch 128, 0.13 against
-    0.18 at 32: bench/results/2026-12-01_h200_mla3), or
+    H200 at 64 heads and 8k contexts 0.374 against 0.632 ms for the tl kernel at batch 128, 0.109 against
+    0.171 at 32, 0.030 against 0.040 at 4, timed as the sweep rows that became the default:
+    bench/results/2026-12-01_h200_mla4), or
     "triton" (the `tl` kernel above); None takes "hopper" where `hopper_eligible` holds and none of the
     tl kernel's knobs (block_h, num_warps, num_stages) is set. The hopper
-    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32), prefetch
-    (an L2 prefetch of the tile after the next), p_smem (the probabilities reach the output product
-    through a shared buffer instead of a register layout conversion) and lazy_sum (the softmax
-    denominators kept per element, so the loop has no cross-warpgroup sum) and copy_late (the next
-    tile's copy issued behind the barrier that releases this tile, one barrier per tile fewer, but
-    after this tile has landed rather than before) and q_async (the query copied into shared memory with
-    the first tile, so a program's start waits on one copy instead of a load and a store).
+    kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32) and prefetch
+    (an L2 prefetch of the tile after the next, off: it was slower in every measurement).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -286,8 +275,7 @@ def mla_decode(
             raise ValueError("the hopper MLA decode kernel needs an sm_90 GPU, 64 heads, r=512, p=64, and a bf16/fp16 "
                              "query and cache of one dtype with 16-byte aligned rows")
         return _hopper(q_lat, q_pe, kv_cache, block_tables, context_lens, scale, num_splits,
-                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch, p_smem=p_smem, lazy_sum=lazy_sum,
-                       copy_late=copy_late, q_async=q_async)
+                       block_n=hopper_block_n, nbuf=nbuf, prefetch=prefetch)
     if variant != "triton":
         raise ValueError(f"unknown MLA decode variant {variant!r}: hopper, triton")
     f32_dots = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
@@ -340,7 +328,7 @@ def _hopper_available(device_index: int) -> bool:
 
 def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
             context_lens: torch.Tensor, scale: float, num_splits: int, *, block_n: int, nbuf: int,
-            prefetch: bool, p_smem: bool, lazy_sum: bool, copy_late: bool, q_async: bool) -> torch.Tensor:
+            prefetch: bool) -> torch.Tensor:
     """Stage 1 in Gluon (grid: sequences x splits), then the shared merge kernel when split."""
     from k2bench.engine.kernels.gluon_mla_decode import mla_decode_hopper
 
@@ -351,11 +339,9 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
         raise ValueError(f"hopper MLA decode: block_n {block_n} with {nbuf} buffers does not fit in shared memory "
                          "(64 x 2, or 32 x 2..4)")
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
-    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch),
-                  P_SMEM=bool(p_smem), LAZY_SUM=bool(lazy_sum), COPY_LATE=bool(copy_late), Q_ASYNC=bool(q_async),
-                  num_warps=8)
-    if q_async:  # cp.async moves 16-byte pieces: a query view off those boundaries is copied first
-        q_lat, q_pe = _aligned16(q_lat), _aligned16(q_pe)
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
+    # the query travels by cp.async, which moves 16-byte pieces: a view off those boundaries is copied first
+    q_lat, q_pe = _aligned16(q_lat), _aligned16(q_pe)
     strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)

@@ -255,17 +255,12 @@ def test_hopper_mla_decode_against_float64():
     top = float(ref.abs().max())
     dev = [x.cuda() for x in (q_lat, q_pe, poisoned, tables, lens_t)]
     assert hopper_eligible(dev[0], dev[1], dev[2])
-    # (block_n, nbuf, prefetch, p_smem, lazy_sum, copy_late, q_async): every tile and buffer count, and every
-    # option set that bench/engine_mla_bench.py sweeps (at 64 x 2; all of them at 32 x 4; copy_late at 32 x 3)
-    names = ("prefetch", "p_smem", "lazy_sum", "copy_late", "q_async")
-    sets = [(64, 2, *f) for f in ((1, 0, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0),
-                                  (0, 1, 1, 1, 0), (0, 1, 1, 0, 1), (0, 1, 1, 1, 1), (1, 1, 1, 1, 1))]
-    sets += [(32, 2, 1, 0, 0, 0, 0), (32, 4, 0, 0, 0, 0, 0), (32, 4, 0, 1, 1, 1, 1), (32, 3, 0, 0, 0, 1, 0)]
-    for block_n, nbuf, *opts in sets:
+    # every tile and buffer count the kernel takes, with and without the L2 prefetch
+    for block_n, nbuf, prefetch in ((64, 2, False), (64, 2, True), (32, 2, True), (32, 3, False), (32, 4, False)):
         for splits in (None, 1, 3, 8):
             out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf,
-                             **{k: bool(v) for k, v in zip(names, opts, strict=True)})
-            cfg = (block_n, nbuf, *opts, splits)
+                             prefetch=prefetch)
+            cfg = (block_n, nbuf, prefetch, splits)
             assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(lens), 64, 512)
             assert not torch.isnan(out).any(), cfg
             err = float((out.double().cpu() - ref).abs().max()) / top
@@ -273,15 +268,14 @@ def test_hopper_mla_decode_against_float64():
     default = mla_decode(*dev, ns["SCALE"])
     forced = mla_decode(*dev, ns["SCALE"], variant="hopper")
     assert torch.equal(default, forced)
-    # a query view off 16-byte boundaries (one element into a wider buffer) gives the same output with
-    # q_async, whose cp.async of the query needs aligned rows (the kernel takes an aligned copy)
+    # a query view off 16-byte boundaries (one element into a wider buffer) gives the same output: the
+    # query travels by cp.async, which needs aligned rows, so the kernel takes an aligned copy of it
     wide = torch.zeros(len(lens), 64, 72, dtype=torch.bfloat16, device="cuda")
     wide[:, :, 1:65] = dev[1]
     odd_pe = wide[:, :, 1:65]
     assert odd_pe.data_ptr() % 16
-    for q_async in (False, True):
-        kw = dict(variant="hopper", q_async=q_async, num_splits=3)
-        assert torch.equal(mla_decode(dev[0], odd_pe, *dev[2:], ns["SCALE"], **kw), mla_decode(*dev, ns["SCALE"], **kw))
+    assert torch.equal(mla_decode(dev[0], odd_pe, *dev[2:], ns["SCALE"], num_splits=3),
+                       mla_decode(*dev, ns["SCALE"], num_splits=3))
     tl_out = mla_decode(*dev, ns["SCALE"], variant="triton")
     assert float((tl_out.double() - default.double()).abs().max()) < 2e-2 * top
     with pytest.raises(ValueError, match="hopper MLA decode kernel needs"):
