@@ -238,7 +238,7 @@ def test_hopper_mla_decode_against_float64():
     """The Gluon kernel (engine/kernels/gluon_mla_decode.py) at real widths on an sm_90 GPU, against the
     float64 reference on a poisoned cache (NaN in block 0 and past every context, so an out-of-context
     read shows), for ragged lengths (1 token, partial tiles, one split longer than the others) and
-    every tile / buffer / option setting and split count it takes; it must be the default there."""
+    every tile / buffer / prefetch setting and split count it takes; it must be the default there."""
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
