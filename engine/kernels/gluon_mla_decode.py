@@ -12,16 +12,26 @@ work. Its software pipeline also issues the next tile's copy after the output pr
 at the top of the next iteration, so load and compute hardly overlap (bench/mla_decode_anatomy.py
 times both effects). Here the layouts and the pipeline are written out:
 - scores [64, BLOCK_N] on a [4, 2] warp grid: each warpgroup computes half of the tokens once;
-- probabilities go to the output product's operand layout through one small shared-memory exchange;
 - output [64, 512] float32 on a [4, 2] grid: each warpgroup accumulates 256 of the latent columns;
-- NBUF shared buffers of [BLOCK_N, 512 + 64] filled by cp.async: the copy of tile t + NBUF - 1 is
-  issued at the top of iteration t, so it runs under that iteration's products and softmax; the block
-  table entries for a copy are loaded one iteration before it (their latency hides too);
-- with PREFETCH, the tile after that is asked into L2 (`prefetch.global.L2`) under the output
-  product: the query (72 KiB) and two 64-token buffers (144 KiB) fill an SM's shared memory, so one
-  tile at a time is in flight to it, and the L2 hint puts a second tile's bytes on the way. On an H200
-  it made no difference beyond timing noise (bench/results/2026-12-01_h200_mla3): the per-tile work of
-  the one program per SM, not memory latency, looks like the limit at 1.5-1.6x the byte floor.
+- NBUF shared buffers of [BLOCK_N, 512 + 64] filled by cp.async; the block table entries for a copy
+  are loaded one iteration before it (their latency hides too).
+
+The time goes to the loop's own work, not to HBM: on an H200 at 128 x 8k the kernel takes as long on
+an L2-resident cache as on the real one (bench/engine_mla_bench.py's "L2-resident" rows). So each tile
+passes fewer CTA-wide barriers (6 in the sm_90 SASS of the loop, where the first version had 12):
+- the copy of tile t + NBUF - 1 is issued after the barrier that opens tile t (by then every warpgroup
+  is done with tile t - 1, whose buffer it takes), under the score product, rather than behind a
+  barrier of its own at the top of the iteration;
+- the softmax denominators are kept per element ([64, BLOCK_N], 16 registers a thread) and summed over
+  the tokens once after the loop, so the loop reduces across warpgroups only for the row maximum;
+- the probabilities reach the output product as its A operand from an 8 KiB shared buffer that each
+  warpgroup writes its half of (one barrier), not through a register layout conversion (four);
+- the query is copied to shared memory by cp.async in the first tile's group, not loaded through
+  registers and stored (a program starts on one wait).
+Measured together at 128 x 8k: 0.374 ms against 0.441 for the first version (1.31x / 1.54x the byte
+floor; bench/results/2026-12-01_h200_mla4). With PREFETCH the tile after the next copy is asked into
+L2 (`prefetch.global.L2`) under the output product; it has been slower in every measurement (0.398
+against 0.374 ms there, and bench/results/2026-12-01_h200_mla3), so it is off by default.
 """
 
 from __future__ import annotations
@@ -93,12 +103,13 @@ def mla_decode_hopper(
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16])
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     PF_L: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])  # [tokens, 16 lines]
     SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     lat_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, R], SMEM)
     pe_s = gl.allocate_shared_memory(dt, [NBUF, BLOCK_N, P], SMEM)
+    # the probabilities, the output product's A operand: each warpgroup writes its half of the tokens
+    p_s = gl.allocate_shared_memory(dt, [H, BLOCK_N], gl.NVMMASharedLayout.get_default_for([H, BLOCK_N], dt))
 
     # this split's slice of the context, in whole tiles; trailing splits may be empty
     ctx = gl.load(lens_ptr + b).to(gl.int32)
@@ -108,6 +119,17 @@ def mla_decode_hopper(
     n = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     tables_row = tables_ptr + b * s_tb
 
+    # the query joins the first tile's copy group: no register round trip, no wait of its own
+    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
+    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
+    q_lat_ptrs = q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0)
+    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
+    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
+    q_pe_ptrs = q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0)
+    q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM)
+    q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM)
+    async_copy.async_copy_global_to_shared(q_lat_s, q_lat_ptrs)
+    async_copy.async_copy_global_to_shared(q_pe_s, q_pe_ptrs)
     for i in gl.static_range(NBUF - 1):  # prologue: the first NBUF - 1 tiles in flight
         first = start + i * BLOCK_N
         blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
@@ -118,38 +140,28 @@ def mla_decode_hopper(
     first = start + (NBUF - 1) * BLOCK_N
     blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
     blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
-    # the query goes to shared memory while the first tiles are on their way
-    hq = gl.arange(0, H, gl.SliceLayout(1, LAT_L))
-    rr = gl.arange(0, R, gl.SliceLayout(0, LAT_L))
-    q_lat = gl.load(q_lat_ptr + b * s_qlb + gl.expand_dims(hq, 1) * s_qlh + gl.expand_dims(rr, 0))
-    q_lat_s = gl.allocate_shared_memory(dt, [H, R], SMEM, q_lat)
-    hp = gl.arange(0, H, gl.SliceLayout(1, PE_L))
-    rp = gl.arange(0, P, gl.SliceLayout(0, PE_L))
-    q_pe = gl.load(q_pe_ptr + b * s_qpb + gl.expand_dims(hp, 1) * s_qph + gl.expand_dims(rp, 0))
-    q_pe_s = gl.allocate_shared_memory(dt, [H, P], SMEM, q_pe.to(dt))
 
     m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
-    l_i = gl.zeros([H], gl.float32, gl.SliceLayout(1, S_L))
+    l_e = gl.zeros([H, BLOCK_N], gl.float32, S_L)  # running sums per element, reduced over the tokens at the end
     acc = gl.zeros([H, R], gl.float32, O_L)
     cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
     for t in range(0, n):
-        # every warpgroup has finished tile t - 1, so its buffer takes tile t + NBUF - 1 (zero-filled
-        # when past the slice: the copy is still issued so that the group count stays regular)
-        gl.thread_barrier()
-        nxt = t + NBUF - 1
-        _copy_tile(lat_s.index(nxt % NBUF), pe_s.index(nxt % NBUF), kv_ptr, blk_l, blk_p, start + nxt * BLOCK_N, end,
-                   s_kvb, s_kvt, R, P, PAGE, BLOCK_N, LAT_L, PE_L)
-        async_copy.commit_group()
-        first = start + (nxt + 1) * BLOCK_N  # table entries of the next copy, loaded a whole iteration early
-        blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
-        blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
-        async_copy.wait_group(NBUF - 1)  # this thread's pieces of tile t have landed,
-        fence_async_shared()  # are ordered before the tensor cores' reads (the query's stores too),
-        gl.thread_barrier()  # and so are every other thread's
+        nxt = t + NBUF - 1  # the tile whose copy this iteration issues, into the buffer of tile t - 1
+        async_copy.wait_group(NBUF - 2)  # this thread's pieces of tile t (and of the query) have landed,
+        fence_async_shared()  # are ordered before the tensor cores' reads,
+        gl.thread_barrier()  # and so are every other thread's; every warpgroup is also done with tile t - 1
         lat = lat_s.index(t % NBUF)
         pe = pe_s.index(t % NBUF)
         s = warpgroup_mma(q_lat_s, lat.permute((1, 0)), gl.zeros([H, BLOCK_N], gl.float32, S_L), is_async=True)
         s = warpgroup_mma(q_pe_s, pe.permute((1, 0)), s, is_async=True)
+        # under the score product, tile t + NBUF - 1 into the buffer the barrier above released (zero-filled
+        # when past the slice: the copy is still issued so that the group count stays regular)
+        _copy_tile(lat_s.index(nxt % NBUF), pe_s.index(nxt % NBUF), kv_ptr, blk_l, blk_p, start + nxt * BLOCK_N,
+                   end, s_kvb, s_kvt, R, P, PAGE, BLOCK_N, LAT_L, PE_L)
+        async_copy.commit_group()
+        first = start + (nxt + 1) * BLOCK_N  # table entries of the next copy, loaded a whole iteration early
+        blk_l = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, LAT_L))
+        blk_p = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PE_L))
         s = warpgroup_mma_wait(0, deps=[s])
         s = s * qk_scale  # scale * log2(e): the softmax runs in base 2
         tok = start + t * BLOCK_N + cols
@@ -157,16 +169,20 @@ def mla_decode_hopper(
         m_new = gl.maximum(m_i, gl.max(s, axis=1))  # finite: every tile has a token of the slice
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        l_e = l_e * gl.expand_dims(alpha, 1) + p
         m_i = m_new
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dt), P_L), lat, acc, is_async=True)
+        p_s.store(p.to(dt))  # both warpgroups read all of it: fenced for the tensor cores, then a barrier
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(p_s, lat, acc, is_async=True)
         if PREFETCH:  # under the output product: the tile after the next copy, into L2 only
             first = start + (nxt + 1) * BLOCK_N
             blk_f = _block_ids(tables_row, first, end, BLOCK_N, PAGE, gl.SliceLayout(1, PF_L))
             _prefetch_l2(kv_ptr, blk_f, first, s_kvb, s_kvt, PAGE, BLOCK_N, (R + P) * dt.primitive_bitwidth // 8, PF_L)
         acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
+    l_i = gl.sum(l_e, axis=1)
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
     nonempty = l_o > 0.0

@@ -49,10 +49,11 @@ PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 DEFAULT_SMS = 132  # H200 / H100 SXM, used when there is no CUDA device (interpreter)
-# The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query (220 KiB in all).
+# The Hopper kernel's tile: 64 tokens in 2 shared buffers next to the 72 KiB query and the 8 KiB
+# probabilities (224.5 KiB of the 227 an SM gives a block).
 HOPPER_BLOCK_N = 64
 HOPPER_NBUF = 2
-HOPPER_PREFETCH = True
+HOPPER_PREFETCH = False  # the L2 prefetch was slower in every H200 run (bench/results/2026-12-01_h200_mla4)
 
 
 @triton.jit
@@ -153,6 +154,17 @@ def _mla_decode_merge(
     tl.store(out_ptr + b * s_ob + h * s_oh + rr, (acc / denom).to(out_ptr.dtype.element_ty))
 
 
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stage 2 of both stage-1 kernels: out [B, H, r] from the splits' partials part [B, H, S, r] (float32)
+    weighted by their log-sum-exps lse [B, H, S]; a public door so the bench can time the merge alone."""
+    B, H, num_splits, r = part.shape
+    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
+                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
+                                num_warps=4)
+    return out
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -211,12 +223,13 @@ def mla_decode(
     in 32-token tiles.
 
     variant: "hopper" (`gluon_mla_decode`, explicit layouts and copy pipeline: see that module; on an
-    H200 at 64 heads and 8k contexts 0.446 against 0.636 ms for the tl kernel at batch 128, 0.13 against
-    0.18 at 32: bench/results/2026-12-01_h200_mla3), or
+    H200 at 64 heads and 8k contexts 0.374 against 0.632 ms for the tl kernel at batch 128, 0.109 against
+    0.171 at 32, 0.030 against 0.040 at 4, timed as the sweep rows that became the default:
+    bench/results/2026-12-01_h200_mla4), or
     "triton" (the `tl` kernel above); None takes "hopper" where `hopper_eligible` holds and none of the
     tl kernel's knobs (block_h, num_warps, num_stages) is set. The hopper
     kernel takes block_n (64, or 32), nbuf (shared buffers, 2 at 64 tokens, up to 4 at 32) and prefetch
-    (an L2 prefetch of the tile after the next).
+    (an L2 prefetch of the tile after the next, off: it was slower in every measurement).
     """
     B, H, r = q_lat.shape
     p = q_pe.shape[-1]
@@ -283,11 +296,7 @@ def mla_decode(
     _mla_decode_split[grid](*args, part, lse, H, num_splits, scale * LOG2E, *strides,
                             part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                             DIRECT=False, **common)
-    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
-                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
-                                num_warps=4)
-    return out
+    return merge_splits(part, lse, out)
 
 
 def hopper_eligible(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -330,9 +339,11 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
         raise ValueError(f"hopper MLA decode: block_n {block_n} with {nbuf} buffers does not fit in shared memory "
                          "(64 x 2, or 32 x 2..4)")
     out = torch.empty(B, H, r, dtype=q_lat.dtype, device=q_lat.device)
+    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
+    # the query travels by cp.async, which moves 16-byte pieces: a view off those boundaries is copied first
+    q_lat, q_pe = _aligned16(q_lat), _aligned16(q_pe)
     strides = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0))
-    consts = dict(H=H, R=r, P=p, PAGE=page, BLOCK_N=block_n, NBUF=nbuf, PREFETCH=bool(prefetch), num_warps=8)
     args = (q_lat, q_pe, kv_cache, block_tables, context_lens)
     if num_splits == 1:
         mla_decode_hopper[(B, 1)](*args, out, out, 1, scale * LOG2E, *strides, out.stride(0), out.stride(1), 0, 0, 0,
@@ -343,8 +354,10 @@ def _hopper(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, blo
     mla_decode_hopper[(B, num_splits)](*args, part, lse, num_splits, scale * LOG2E, *strides,
                                        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                                        DIRECT=False, **consts)
-    _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
-                                part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
-                                num_warps=4)
-    return out
+    return merge_splits(part, lse, out)
+
+
+def _aligned16(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its start and outer strides sit on 16-byte boundaries, else a contiguous copy."""
+    ok = x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
+    return x if ok else torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)

@@ -238,7 +238,7 @@ def test_hopper_mla_decode_against_float64():
     """The Gluon kernel (engine/kernels/gluon_mla_decode.py) at real widths on an sm_90 GPU, against the
     float64 reference on a poisoned cache (NaN in block 0 and past every context, so an out-of-context
     read shows), for ragged lengths (1 token, partial tiles, one split longer than the others) and
-    every tile / buffer setting and split count it takes; it must be the default there."""
+    every tile / buffer / prefetch setting and split count it takes; it must be the default there."""
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -255,7 +255,8 @@ def test_hopper_mla_decode_against_float64():
     top = float(ref.abs().max())
     dev = [x.cuda() for x in (q_lat, q_pe, poisoned, tables, lens_t)]
     assert hopper_eligible(dev[0], dev[1], dev[2])
-    for block_n, nbuf, prefetch in ((64, 2, True), (64, 2, False), (32, 2, True), (32, 4, False)):
+    # every tile and buffer count the kernel takes, with and without the L2 prefetch
+    for block_n, nbuf, prefetch in ((64, 2, False), (64, 2, True), (32, 2, True), (32, 3, False), (32, 4, False)):
         for splits in (None, 1, 3, 8):
             out = mla_decode(*dev, ns["SCALE"], num_splits=splits, variant="hopper", block_n=block_n, nbuf=nbuf,
                              prefetch=prefetch)
@@ -267,6 +268,14 @@ def test_hopper_mla_decode_against_float64():
     default = mla_decode(*dev, ns["SCALE"])
     forced = mla_decode(*dev, ns["SCALE"], variant="hopper")
     assert torch.equal(default, forced)
+    # a query view off 16-byte boundaries (one element into a wider buffer) gives the same output: the
+    # query travels by cp.async, which needs aligned rows, so the kernel takes an aligned copy of it
+    wide = torch.zeros(len(lens), 64, 72, dtype=torch.bfloat16, device="cuda")
+    wide[:, :, 1:65] = dev[1]
+    odd_pe = wide[:, :, 1:65]
+    assert odd_pe.data_ptr() % 16
+    assert torch.equal(mla_decode(dev[0], odd_pe, *dev[2:], ns["SCALE"], num_splits=3),
+                       mla_decode(*dev, ns["SCALE"], num_splits=3))
     tl_out = mla_decode(*dev, ns["SCALE"], variant="triton")
     assert float((tl_out.double() - default.double()).abs().max()) < 2e-2 * top
     with pytest.raises(ValueError, match="hopper MLA decode kernel needs"):
