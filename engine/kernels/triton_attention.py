@@ -131,7 +131,7 @@ def _mla_decode_split(
         tl.store(lse_ptr + b * s_lb + heads * s_lh + split, lse, mask=h_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _mla_decode_merge(
     part_ptr, lse_ptr, out_ptr, H, num_splits,
     s_pb, s_ph, s_ps, s_lb, s_lh, s_ob, s_oh,
@@ -158,10 +158,12 @@ def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> to
     """Stage 2 of both stage-1 kernels: out [B, H, r] from the splits' partials part [B, H, S, r] (float32)
     weighted by their log-sum-exps lse [B, H, S]; a public door so the bench can time the merge alone."""
     B, H, num_splits, r = part.shape
+    # One compiled merge for every split count up to MAX_SPLITS: a served step that meets a new count
+    # would otherwise compile one (0.2 s on an H200 host, bench/engine_wave_bench.py).
     _mla_decode_merge[(B * H,)](part, lse, out, H, num_splits,
                                 part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-                                out.stride(0), out.stride(1), R=r, SPLITS_P2=triton.next_power_of_2(num_splits),
-                                num_warps=4)
+                                out.stride(0), out.stride(1), R=r,
+                                SPLITS_P2=max(MAX_SPLITS, triton.next_power_of_2(num_splits)), num_warps=4)
     return out
 
 
