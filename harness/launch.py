@@ -97,6 +97,13 @@ class Server:
             self.exit_code = self.proc.poll()
         return self.exit_code
 
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Like poll, but give an exit already under way up to ``timeout_s`` to become visible."""
+        if self.proc is not None and self.exit_code is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.exit_code = self.proc.wait(timeout_s)
+        return self.exit_code
+
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -288,10 +295,13 @@ class ServerHandle:
     def died(self) -> bool:
         return self.exit_status() is not None
 
-    def death_note(self) -> str | None:
-        """How the launched server ended, with its log's last lines; None while it runs."""
-        code = self.exit_status()
-        if code is None or self.launched is None:
+    def death_note(self, wait_s: float = 0.0) -> str | None:
+        """How the launched server ended, with its log's last lines; None while it runs (after waiting up
+        to ``wait_s`` for it to end) or when it is attached."""
+        if self.launched is None:
+            return None
+        code = self.launched.wait_exit(wait_s) if wait_s > 0 else self.launched.poll()
+        if code is None:
             return None
         return (f"the server {describe_exit(code)}; last lines of {self.launched.log_path}:\n"
                 f"{log_tail(self.launched.log_path)}")

@@ -24,6 +24,9 @@ CONNECTION_LOST = "connection lost:"
 CONNECTION_CLOSED = "stream ended early: connection closed"
 CONNECTION_ERRORS_TO_STOP = 3  # in a row, with no success between: the server is gone
 STOP_POLL_S = 0.1  # how often a running level asks whether it must stop
+# How long a level stopped on connection errors waits for a launched server's exit to show, so that the
+# reason names how it ended (a killed process's sockets close before its parent can see it has exited).
+EXIT_SHOWS_WITHIN_S = 5.0
 # an HTTP 400 saying a prompt's token ids are not in the server's vocabulary (the bundled engine, vLLM, SGLang)
 _VOCAB_REJECTION = re.compile(r"^HTTP 400\b.*(vocab|token[ _]id|out of range)", re.IGNORECASE | re.DOTALL)
 
@@ -48,17 +51,19 @@ class LevelWatch:
     """Why a level may stop before its last request, and (after it ran) whether and why it did.
 
     A launched server's death is seen within STOP_POLL_S of its exit (``server_gone`` returns how it
-    ended), an attached server's after CONNECTION_ERRORS_TO_STOP connection errors in a row; either
-    stops the level at once rather than firing its remaining requests at a dead address.
-    ``timeout_s`` bounds the whole level (warmup included)."""
+    ended; given seconds, it may wait that long for an exit to show), an attached server's after
+    CONNECTION_ERRORS_TO_STOP connection errors in a row; either stops the level at once rather than
+    firing its remaining requests at a dead address. ``timeout_s`` bounds the whole level (warmup
+    included)."""
 
-    server_gone: Callable[[], str | None] = lambda: None
+    server_gone: Callable[..., str | None] = lambda wait_s=0.0: None
     timeout_s: float | None = None
     connection_errors_to_stop: int = CONNECTION_ERRORS_TO_STOP
     stopped: str | None = None  # the reason the level stopped early, if it did
     server_down: bool = False  # it stopped because the server is gone
     prompts_rejected: bool = False  # it stopped because the server refused the prompts' token ids
     _streak: int = 0
+    _on_errors: bool = False  # it stopped on a run of connection errors, not on a seen exit
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     def stop(self, reason: str, server_down: bool) -> None:
@@ -82,8 +87,18 @@ class LevelWatch:
         if note:
             self.stop(note, server_down=True)
         elif self._streak >= self.connection_errors_to_stop:
+            self._on_errors = self.stopped is None
             self.stop(f"the server is gone: {self._streak} connection errors in a row with no success "
                       f"between (last: {rec.error})", server_down=True)
+
+    def name_the_exit(self) -> None:
+        """After a level stopped on connection errors: if the launched server has in fact exited, make the
+        reason say how. The kernel closes a killed process's sockets before its parent can reap it, so on
+        a busy machine the client may count its connection errors before the exit can be seen."""
+        if self._on_errors:
+            note = self.server_gone(EXIT_SHOWS_WITHIN_S)
+            if note:
+                self.stopped = note
 
     async def watch(self, deadline_ns: int | None) -> None:
         while self.stopped is None:

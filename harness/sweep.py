@@ -253,6 +253,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end)))
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
+                watch.name_the_exit()
                 if watch.prompts_rejected:
                     raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not all in "
                                     f"the server's vocabulary: pass --model <folder or id> so prompts use the "

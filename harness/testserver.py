@@ -82,6 +82,7 @@ class StreamRecord(NamedTuple):
     last_sent: float
     messages: int
     tokens: int
+    prompt_tokens: int
 
 
 def _tokenize(text: str) -> list[int]:
@@ -177,7 +178,8 @@ class TestServer:
 
         ``actual`` is measured here, at the server: TTFT from the request's last byte arriving to
         the first message leaving, TPOT as (last - first message) / (tokens - 1) for streams of one
-        token per message, and the span from the first arrival to the last message."""
+        token per message, and the span from the first arrival to the last message. ``&streams=1``
+        adds each stream's record, so a client can be checked request by request."""
         late = sorted(self.late_ms)
 
         def q(values: list[float], f: float) -> float | None:
@@ -198,6 +200,8 @@ class TestServer:
             "ttft_p50_ms": q(ttft, 0.5), "tpot_p50_ms": q(tpot, 0.5),
             "span_s": (max(d.last_sent for d in done) - min(d.arrived for d in done)) if done else None,
         }
+        if request.query.get("streams"):
+            body["streams"] = [d._asdict() for d in done]
         return web.json_response(body)
 
     async def tokenize(self, request: web.BaseRequest) -> web.Response:
@@ -282,7 +286,7 @@ class TestServer:
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         if len(self.done) < 1_000_000:
-            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent))
+            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,

@@ -45,9 +45,10 @@ from moe_reference import make, reference, routing
 
 cases = []
 # (E, H, L, k, T, block overrides, skew): unused experts in every case (ids drawn from a subset)
+# (T=1: a token per expert and block; T=12: 36 pairs, several per expert's block; a T=3 between them
+# ran the same masked single-block path again, so it is left out)
 shapes = [
     (12, 128, 64, 3, 1, {}, None),
-    (12, 128, 64, 3, 3, {}, None),
     (12, 128, 64, 3, 12, {}, None),  # 36 pairs over 9 experts
     (8, 96, 32, 2, 20, {}, 3),  # 20 pairs on expert 3: two BLOCK_M=16 blocks
     (8, 96, 32, 2, 20, {"block_m": 32, "block_n": 32, "block_k": 32}, 3),
@@ -121,7 +122,7 @@ def interpreted():
 
 def test_both_variants_match_float64_reference(interpreted):
     cases = interpreted["cases"]
-    assert len(cases) == 5 * 2 * 2 * 2
+    assert len(cases) == 4 * 2 * 2 * 2
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
