@@ -130,7 +130,8 @@ configs = {"auto": None,
            "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
            "plain_bn32": FastConfig(16, 32, 4, 3, False),
            "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False),
-           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True)}
+           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True),
+           "wide_bn32": FastConfig(16, 32, 4, 3, True, desc=True, wide=True)}
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
@@ -196,7 +197,7 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 5 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32"}
+    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32", "wide_bn32"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -211,7 +212,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide"])
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide", "wide_k64", "rows256"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -274,7 +275,9 @@ def test_fast_moe_on_cuda_without_host_sync(config):
           "split": {"split_k": 4, "down_split_k": 2},
           "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
           "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)},
-          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2}}[config]
+          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2},
+          "wide_k64": {"config": FastConfig(16, 128, 4, 4, True, desc=True, wide=True)},
+          "rows256": {"config": FastConfig(16, 256, 4, 3, True, desc=True, wide=True), "down_split_k": 2}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
