@@ -30,17 +30,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, wide, split_k): desc = weights
-# and scales through tensor descriptors (TMA), pipelined num_stages deep; wide = one K=64 MMA per chunk with
-# the activations loaded token-major. 256 weight rows per program (16x256, 8 warps, swapped, pointer loads)
-# stopped an H200 run with a misaligned-address fault; on descriptors they are swept here.
+# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, wide, words, split_k): desc =
+# weights and scales through tensor descriptors (TMA), pipelined num_stages deep; wide = one K=64 MMA per
+# chunk with the activations loaded token-major; words = the word-packed layout (moe_fast_layout.WORD_BITS,
+# always one K=64 MMA). 256 weight rows per program (16x256, 8 warps, swapped, pointer loads) stopped an
+# H200 run with a misaligned-address fault; on descriptors they are swept here.
 DECODE_SWEEP = [
-    (16, 128, 4, 4, True, True, True, True, True, 1), (16, 256, 4, 3, True, True, True, True, False, 1),
-    (16, 256, 4, 3, True, True, True, True, True, 1), (16, 256, 4, 4, True, True, True, True, True, 1),
-    (16, 256, 8, 3, True, True, True, True, True, 1), (32, 128, 4, 4, True, True, True, True, True, 1),
+    (16, 128, 4, 4, True, True, True, True, True, False, 1), (16, 256, 4, 3, True, True, True, True, True, False, 1),
+    (16, 128, 4, 3, True, True, True, True, False, True, 1), (16, 256, 4, 3, True, True, True, True, False, True, 1),
+    (16, 256, 4, 4, True, True, True, True, False, True, 1), (16, 256, 8, 3, True, True, True, True, False, True, 1),
+    (16, 128, 4, 4, True, True, False, True, False, True, 1), (32, 128, 4, 4, True, True, True, True, False, True, 1),
 ]
 PREFILL_SWEEP = [
-    (64, 128, 8, 4, True, True, False, True, True, 1), (64, 128, 8, 3, True, True, False, True, False, 1),
+    (64, 128, 8, 4, True, True, False, True, True, False, 1), (64, 128, 8, 4, True, True, False, True, False, True, 1),
+    (64, 128, 8, 3, True, True, False, True, False, True, 1), (64, 256, 8, 3, True, True, False, True, False, True, 1),
 ]
 
 
@@ -100,6 +103,7 @@ def main() -> int:
     w13, s13 = random_mxfp4(E, 2 * L, H)
     w2, s2 = random_mxfp4(E, H, L)
     fast = relayout_experts(w13, s13, w2, s2)
+    fast_words = relayout_experts(w13, s13, w2, s2, words=True)
     expert_bytes = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     print(f"copy bandwidth {bw:.0f} GB/s; E={E} H={H} L={L} top {TOPK}, A4W4", flush=True)
     rows = []
@@ -113,15 +117,17 @@ def main() -> int:
         ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled").float()
         auto = fast_config(T * TOPK, E)
         sweep = (PREFILL_SWEEP if T * TOPK >= 128 * E else DECODE_SWEEP) if args.sweep else []
-        runs = [("dot_scaled", None, 1), ("fast", None, 1)] + [("fast", FastConfig(*c[:9]), c[9]) for c in sweep]
+        runs = [("dot_scaled", None, 1), ("fast", None, 1), ("words", None, 1)]
+        runs += [("words" if c[9] else "fast", FastConfig(*c[:9]), c[10]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")
             else:
-                fn = partial(fused_moe_fast, x, ids, wts, fast, a4w4=True, config=cfg, split_k=split)
-            label = name if cfg is None else f"fast {describe(cfg)} split{split}"
-            if name == "fast" and cfg is None:
-                label = f"fast (dispatch {describe(auto)})"
+                experts = fast_words if name == "words" else fast
+                fn = partial(fused_moe_fast, x, ids, wts, experts, a4w4=True, config=cfg, split_k=split)
+            label = name if cfg is None else f"{name} {describe(cfg)} split{split}"
+            if name != "dot_scaled" and cfg is None:
+                label = f"{name} (dispatch {describe(auto)})"
             try:
                 err = float((fn().float() - ref).abs().max() / ref.abs().max())
                 ms = graph_time_ms(fn, args.reps)
@@ -131,7 +137,7 @@ def main() -> int:
                 continue
             row = {"T": T, "config": label, "ms": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                    "tflops": flops / ms / 1e9, "experts_touched": touched, "rel_diff_vs_dot_scaled": err}
-            if args.profile and name == "fast":  # eager per-kernel times: gate/up and down apart
+            if args.profile and name != "dot_scaled":  # eager per-kernel times: gate/up and down apart
                 row["kernels_ms"] = kernel_profile(fn)
             rows.append(row)
             print(f"T={T:>5} {label:<56} {ms:8.3f} ms  floor {floor_ms:6.3f}  x{ms / floor_ms:5.2f}  "

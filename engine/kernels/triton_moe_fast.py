@@ -40,6 +40,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
 from k2bench.engine.kernels.triton_moe import split_sizes
 from k2bench.engine.kernels.triton_moe_glue import moe_align, moe_bridge, moe_combine
+from k2bench.engine.kernels.triton_moe_words import word_scales, words_to_operand
 from k2bench.engine.kernels.triton_quant import fake_quantize
 
 
@@ -153,29 +154,35 @@ def _load_x(x_ptrs, x_ok, kc, K, WIDE: tl.constexpr):
 @triton.jit
 def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
                SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr,
-               WIDE: tl.constexpr):
-    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN]."""
-    if ASM and not INTERPRET:
-        w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
-    else:
-        w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
-        w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
-    if INTERPRET:
-        x_lo = x_lo.to(tl.float32)
-        x_hi = x_hi.to(tl.float32)
-    else:
-        x_lo = x_lo.to(tl.bfloat16)
-        x_hi = x_hi.to(tl.bfloat16)
-    if SWAP and WIDE:  # one K=64 MMA: half the wgmma waits
-        w = tl.reshape(tl.permute(tl.join(w_lo, w_hi), (0, 2, 1)), (BN, 64))
+               WIDE: tl.constexpr, WORDS: tl.constexpr):
+    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN].
+    WORDS: p is the chunk's [BN, 8] words (`triton_moe_words`; swapped, K=64 MMA)."""
+    if WORDS:
+        w = words_to_operand(p, word_scales(s_lo, s_hi, BN), BN, INTERPRET, ASM)
         x = tl.reshape(tl.permute(tl.join(x_lo, x_hi), (2, 0, 1)), (64, x_lo.shape[1]))
-        acc = tl.dot(w, x, acc)
-    elif SWAP:
-        acc = tl.dot(w_lo, x_lo, acc)
-        acc = tl.dot(w_hi, x_hi, acc)
+        acc = tl.dot(w, x.to(tl.float32 if INTERPRET else tl.bfloat16), acc)
     else:
-        acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
-        acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
+        if ASM and not INTERPRET:
+            w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
+        else:
+            w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
+            w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
+        if INTERPRET:
+            x_lo = x_lo.to(tl.float32)
+            x_hi = x_hi.to(tl.float32)
+        else:
+            x_lo = x_lo.to(tl.bfloat16)
+            x_hi = x_hi.to(tl.bfloat16)
+        if SWAP and WIDE:  # one K=64 MMA: half the wgmma waits
+            w = tl.reshape(tl.permute(tl.join(w_lo, w_hi), (0, 2, 1)), (BN, 64))
+            x = tl.reshape(tl.permute(tl.join(x_lo, x_hi), (2, 0, 1)), (64, x_lo.shape[1]))
+            acc = tl.dot(w, x, acc)
+        elif SWAP:
+            acc = tl.dot(w_lo, x_lo, acc)
+            acc = tl.dot(w_hi, x_hi, acc)
+        else:
+            acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
+            acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
     return acc
 
 
@@ -186,6 +193,7 @@ def _fast_gate_up(
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
     DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIDE: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
@@ -248,8 +256,8 @@ def _fast_gate_up(
             row = g_row + (kc // 64) * (s_wc // 32)
             pg, sgl, sgh = _load_w_desc(w_ptr, s_ptr, row, BN)
             pu, sul, suh = _load_w_desc(w_ptr, s_ptr, row + L, BN)
-        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE)
-        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE)
+        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
+        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
     if not SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -270,6 +278,7 @@ def _fast_down(
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
     DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIDE: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -318,7 +327,7 @@ def _fast_down(
                 pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
         if DESC:
             pw, sl, sh = _load_w_desc(w_ptr, s_ptr, w_row + (kc // 64) * (s_wc // 32), BN)
-        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN, WIDE)
+        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
     if not SWAP:
         acc = tl.trans(acc)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
@@ -374,7 +383,10 @@ def _descriptors(experts: FastExperts, block_n: int) -> tuple[TensorDescriptor, 
                          f"{experts.inter}, {experts.hidden}")
     out = []
     for w, s in ((experts.w13, experts.s13), (experts.w2, experts.s2)):
-        out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
+        if experts.words:  # the same bytes as [rows, 8] int32 words
+            out.append(TensorDescriptor.from_tensor(w.view(torch.int32).view(-1, 8), [block_n, 8]))
+        else:
+            out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
         out.append(TensorDescriptor.from_tensor(s.view(-1, 16), [block_n // 8, 16]))
     return tuple(out)
 
@@ -421,6 +433,9 @@ def fused_moe_fast(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+    if experts.words and not (cfg.swap and cfg.desc):
+        raise ValueError("word-packed experts need swapped tiles on tensor descriptors (swap=True, desc=True)")
+    wide = cfg.swap and (cfg.wide or experts.words)
     if cfg.desc:
         w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
@@ -440,7 +455,7 @@ def fused_moe_fast(
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), *experts.w13.stride()[:2], *experts.s13.stride()[:2], s_hp, s_hs,
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, WIDE=cfg.wide and cfg.swap, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WIDE=wide, WORDS=experts.words, **launch,
     )
     h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -450,6 +465,6 @@ def fused_moe_fast(
         pairs, hidden, inter, ksplit2,
         h.stride(0), *experts.w2.stride()[:2], *experts.s2.stride()[:2], y.stride(1), y.stride(0),
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, WIDE=cfg.wide and cfg.swap, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WIDE=wide, WORDS=experts.words, **launch,
     )
     return moe_combine(y, topk, x.dtype, add)
