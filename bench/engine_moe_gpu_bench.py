@@ -30,20 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, wide, words, split_k): desc =
-# weights and scales through tensor descriptors (TMA), pipelined num_stages deep; wide = one K=64 MMA per
-# chunk with the activations loaded token-major; words = the word-packed layout (moe_fast_layout.WORD_BITS,
-# always one K=64 MMA). 256 weight rows per program (16x256, 8 warps, swapped, pointer loads) stopped an
-# H200 run with a misaligned-address fault; on descriptors they are swept here.
+# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, words, split_k): desc = weights
+# and scales through tensor descriptors (TMA), pipelined num_stages deep; words = the word-packed layout
+# (moe_fast_layout.WORD_BITS), else nibble halves. 256 weight rows per program (16x256, 8 warps, swapped,
+# pointer loads) stopped an H200 run with a misaligned-address fault; on descriptors they measured slower
+# than 128 (bench/results/2026-12-01_h200_moe4).
 DECODE_SWEEP = [
-    (16, 128, 4, 4, True, True, True, True, True, False, 1), (16, 256, 4, 3, True, True, True, True, True, False, 1),
-    (16, 128, 4, 3, True, True, True, True, False, True, 1), (16, 256, 4, 3, True, True, True, True, False, True, 1),
-    (16, 256, 4, 4, True, True, True, True, False, True, 1), (16, 256, 8, 3, True, True, True, True, False, True, 1),
-    (16, 128, 4, 4, True, True, False, True, False, True, 1), (32, 128, 4, 4, True, True, True, True, False, True, 1),
+    (16, 128, 4, 4, True, True, True, True, False, 1), (16, 128, 4, 3, True, True, True, True, True, 1),
+    (16, 256, 4, 3, True, True, True, True, True, 1), (32, 128, 4, 4, True, True, True, True, True, 1),
 ]
 PREFILL_SWEEP = [
-    (64, 128, 8, 4, True, True, False, True, True, False, 1), (64, 128, 8, 4, True, True, False, True, False, True, 1),
-    (64, 128, 8, 3, True, True, False, True, False, True, 1), (64, 256, 8, 3, True, True, False, True, False, True, 1),
+    (64, 128, 8, 4, True, True, False, True, False, 1), (64, 128, 8, 3, True, True, False, True, True, 1),
 ]
 
 
@@ -55,8 +52,7 @@ def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def describe(cfg: FastConfig) -> str:
     return (f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} {'swap' if cfg.swap else 'plain'} "
-            f"{'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} {'desc' if cfg.desc else 'ptr'}"
-            f"{' k64' if cfg.wide else ''}")
+            f"{'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} {'desc' if cfg.desc else 'ptr'}")
 
 
 def graph_time_ms(fn, reps: int) -> float:
@@ -102,8 +98,8 @@ def main() -> int:
     bw = copy_bandwidth_gbs()
     w13, s13 = random_mxfp4(E, 2 * L, H)
     w2, s2 = random_mxfp4(E, H, L)
-    fast = relayout_experts(w13, s13, w2, s2)
-    fast_words = relayout_experts(w13, s13, w2, s2, words=True)
+    fast = relayout_experts(w13, s13, w2, s2, words=False)  # nibble halves, the layout before words
+    fast_words = relayout_experts(w13, s13, w2, s2)
     expert_bytes = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     print(f"copy bandwidth {bw:.0f} GB/s; E={E} H={H} L={L} top {TOPK}, A4W4", flush=True)
     rows = []
@@ -118,7 +114,7 @@ def main() -> int:
         auto = fast_config(T * TOPK, E)
         sweep = (PREFILL_SWEEP if T * TOPK >= 128 * E else DECODE_SWEEP) if args.sweep else []
         runs = [("dot_scaled", None, 1), ("fast", None, 1), ("words", None, 1)]
-        runs += [("words" if c[9] else "fast", FastConfig(*c[:9]), c[10]) for c in sweep]
+        runs += [("words" if c[8] else "fast", FastConfig(*c[:8]), c[9]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")

@@ -15,7 +15,7 @@ once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
   bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
   exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
   larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
-- Words (`words=True`): the same 32 bytes per row and chunk, the same scales, but re-packed
+- Words (`words=True`, the default): the same 32 bytes per row and chunk, the same scales, but re-packed
   as eight 32-bit words whose bits land in the wgmma register operand with a few integer ops each. A
   thread's A fragment of a row holds, for its q = lane % 4, the k = 32h + 16s + 8c + 2q + l
   (s, c, l in {0, 1}): eight values of one scale group h, as four bf16x2 registers (pair j = 2s + c,
@@ -104,7 +104,7 @@ def _relayout(w: torch.Tensor, s: torch.Tensor, words: bool) -> tuple[torch.Tens
 
 
 def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
-                     words: bool = False) -> FastExperts:
+                     words: bool = True) -> FastExperts:
     """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`; words: the
     WORD_BITS packing (decoded only by swapped descriptor tiles), else nibble halves.
 

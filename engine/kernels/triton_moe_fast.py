@@ -116,73 +116,39 @@ def _load_w_desc(w_desc, s_desc, w_row, BN: tl.constexpr):
 
 
 @triton.jit
-def _act_ptrs(rows, WIDE: tl.constexpr):
-    """Activation pointers for `_load_x`: each token's row [BM] (WIDE) or its first 32 k as [32, BM]."""
-    if WIDE:
-        ptrs = rows
-    else:
-        ptrs = rows[None, :] + tl.arange(0, 32)[:, None]
-    return ptrs
-
-
-@triton.jit
-def _row_ok(pair, limit, WIDE: tl.constexpr):
-    """The block's live tokens (pair < limit) in the shape `_load_x` masks with."""
-    if WIDE:
-        ok = pair < limit
-    else:
-        ok = (pair < limit)[None, :]
-    return ok
-
-
-@triton.jit
-def _load_x(x_ptrs, x_ok, kc, K, WIDE: tl.constexpr):
-    """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K). WIDE: x_ptrs /
-    x_ok are [BM] (each token's row) and the chunk comes in as [BM, 64], whole 16-byte vectors per thread
-    (the [32, BM] form loads one 2-byte element per address), split after."""
-    if WIDE:
-        rj = tl.arange(0, 64)
-        x = tl.load(x_ptrs[:, None] + kc + rj[None, :], mask=x_ok[:, None] & (kc + rj < K)[None, :], other=0.0)
-        x_lo, x_hi = tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, 32)), (2, 0, 1)))
-    else:
-        rj = tl.arange(0, 32)
-        x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
-        x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
+def _load_x(x_ptrs, x_ok, kc, K):
+    """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K)."""
+    rj = tl.arange(0, 32)
+    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
+    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
     return x_lo, x_hi
 
 
 @triton.jit
 def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
                SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr,
-               WIDE: tl.constexpr, WORDS: tl.constexpr):
+               WORDS: tl.constexpr):
     """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN].
-    WORDS: p is the chunk's [BN, 8] words (`triton_moe_words`; swapped, K=64 MMA)."""
+    WORDS: p is the chunk's [BN, 8] words (`triton_moe_words`; swapped tiles only)."""
     if WORDS:
-        w = words_to_operand(p, word_scales(s_lo, s_hi, BN), BN, INTERPRET, ASM)
-        x = tl.reshape(tl.permute(tl.join(x_lo, x_hi), (2, 0, 1)), (64, x_lo.shape[1]))
-        acc = tl.dot(w, x.to(tl.float32 if INTERPRET else tl.bfloat16), acc)
+        w_lo, w_hi = words_to_operand(p, word_scales(s_lo, s_hi, BN), BN, INTERPRET, ASM)
+    elif ASM and not INTERPRET:
+        w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
     else:
-        if ASM and not INTERPRET:
-            w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
-        else:
-            w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
-            w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
-        if INTERPRET:
-            x_lo = x_lo.to(tl.float32)
-            x_hi = x_hi.to(tl.float32)
-        else:
-            x_lo = x_lo.to(tl.bfloat16)
-            x_hi = x_hi.to(tl.bfloat16)
-        if SWAP and WIDE:  # one K=64 MMA: half the wgmma waits
-            w = tl.reshape(tl.permute(tl.join(w_lo, w_hi), (0, 2, 1)), (BN, 64))
-            x = tl.reshape(tl.permute(tl.join(x_lo, x_hi), (2, 0, 1)), (64, x_lo.shape[1]))
-            acc = tl.dot(w, x, acc)
-        elif SWAP:
-            acc = tl.dot(w_lo, x_lo, acc)
-            acc = tl.dot(w_hi, x_hi, acc)
-        else:
-            acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
-            acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
+        w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
+        w_hi = e2m1_decode_half(p, s_hi, True, INTERPRET)
+    if INTERPRET:
+        x_lo = x_lo.to(tl.float32)
+        x_hi = x_hi.to(tl.float32)
+    else:
+        x_lo = x_lo.to(tl.bfloat16)
+        x_hi = x_hi.to(tl.bfloat16)
+    if SWAP:
+        acc = tl.dot(w_lo, x_lo, acc)
+        acc = tl.dot(w_hi, x_hi, acc)
+    else:
+        acc = tl.dot(tl.trans(x_lo), tl.trans(w_lo), acc)
+        acc = tl.dot(tl.trans(x_hi), tl.trans(w_hi), acc)
     return acc
 
 
@@ -192,8 +158,7 @@ def _fast_gate_up(
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIDE: tl.constexpr,
-    WORDS: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WORDS: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
@@ -211,8 +176,8 @@ def _fast_gate_up(
     tok = pair // topk
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < L
-    x_ptrs = _act_ptrs(x_ptr + tok * s_xt, WIDE)
-    x_ok = _row_ok(pair, num_pairs, WIDE)
+    x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
+    x_ok = valid[None, :]
     if SWAP:
         acc_g = tl.zeros((BN, BM), dtype=tl.float32)
         acc_u = tl.zeros((BN, BM), dtype=tl.float32)
@@ -236,19 +201,19 @@ def _fast_gate_up(
         if not DESC:
             ng, ngl, ngh = _load_w(g_e + (k_lo // 64) * s_wc, gs_e + (k_lo // 64) * s_sc, rn, n_ok)
             nu, nul, nuh = _load_w(u_e + (k_lo // 64) * s_wc, us_e + (k_lo // 64) * s_sc, rn, n_ok)
-        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K, WIDE)
+        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
             xl, xh = nxl, nxh
             kn = kc + 64
-            nxl, nxh = _load_x(x_ptrs, _row_ok(pair, tl.where(kn < k_hi, num_pairs, 0), WIDE), kn, K, WIDE)
+            nxl, nxh = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
             if not DESC:
                 pg, sgl, sgh, pu, sul, suh = ng, ngl, ngh, nu, nul, nuh
                 more = rn < tl.where(kn < k_hi, L, 0)  # (the interpreter rejects a scalar & vector mask)
                 ng, ngl, ngh = _load_w(g_e + (kn // 64) * s_wc, gs_e + (kn // 64) * s_sc, rn, more)
                 nu, nul, nuh = _load_w(u_e + (kn // 64) * s_wc, us_e + (kn // 64) * s_sc, rn, more)
         else:
-            xl, xh = _load_x(x_ptrs, x_ok, kc, K, WIDE)
+            xl, xh = _load_x(x_ptrs, x_ok, kc, K)
             if not DESC:
                 pg, sgl, sgh = _load_w(g_e + (kc // 64) * s_wc, gs_e + (kc // 64) * s_sc, rn, n_ok)
                 pu, sul, suh = _load_w(u_e + (kc // 64) * s_wc, us_e + (kc // 64) * s_sc, rn, n_ok)
@@ -256,8 +221,8 @@ def _fast_gate_up(
             row = g_row + (kc // 64) * (s_wc // 32)
             pg, sgl, sgh = _load_w_desc(w_ptr, s_ptr, row, BN)
             pu, sul, suh = _load_w_desc(w_ptr, s_ptr, row + L, BN)
-        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
-        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
+        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN, WORDS)
+        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN, WORDS)
     if not SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -277,8 +242,7 @@ def _fast_down(
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIDE: tl.constexpr,
-    WORDS: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WORDS: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -290,8 +254,8 @@ def _fast_down(
     valid = pair < num_pairs
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    h_ptrs = _act_ptrs(h_ptr + pair * s_hp, WIDE)
-    h_ok = _row_ok(pair, num_pairs, WIDE)
+    h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
+    h_ok = valid[None, :]
     if SWAP:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
@@ -311,23 +275,23 @@ def _fast_down(
     if PREFETCH:
         if not DESC:
             nw, nsl, nsh = _load_w(w_e + (k_lo // 64) * s_wc, s_e + (k_lo // 64) * s_sc, rn, n_ok)
-        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K, WIDE)
+        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
         if PREFETCH:
             hl, hh = nhl, nhh
             kn = kc + 64
-            nhl, nhh = _load_x(h_ptrs, _row_ok(pair, tl.where(kn < k_hi, num_pairs, 0), WIDE), kn, K, WIDE)
+            nhl, nhh = _load_x(h_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
             if not DESC:
                 pw, sl, sh = nw, nsl, nsh
                 nw, nsl, nsh = _load_w(w_e + (kn // 64) * s_wc, s_e + (kn // 64) * s_sc, rn,
                                        rn < tl.where(kn < k_hi, N, 0))
         else:
-            hl, hh = _load_x(h_ptrs, h_ok, kc, K, WIDE)
+            hl, hh = _load_x(h_ptrs, h_ok, kc, K)
             if not DESC:
                 pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
         if DESC:
             pw, sl, sh = _load_w_desc(w_ptr, s_ptr, w_row + (kc // 64) * (s_wc // 32), BN)
-        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN, WIDE, WORDS)
+        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN, WORDS)
     if not SWAP:
         acc = tl.trans(acc)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
@@ -347,7 +311,6 @@ class FastConfig:
     asm: bool = True  # the packed PTX decode on a GPU (False: the per-element Triton form)
     prefetch: bool = True  # the next 64-wide chunk's register loads in flight during this one's math
     desc: bool = False  # weights and scales through tensor descriptors (TMA), pipelined num_stages deep
-    wide: bool = False  # one K=64 MMA per chunk, activations loaded token-major as 16-byte vectors (swap only)
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
@@ -435,7 +398,6 @@ def fused_moe_fast(
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
     if experts.words and not (cfg.swap and cfg.desc):
         raise ValueError("word-packed experts need swapped tiles on tensor descriptors (swap=True, desc=True)")
-    wide = cfg.swap and (cfg.wide or experts.words)
     if cfg.desc:
         w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
@@ -455,7 +417,7 @@ def fused_moe_fast(
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), *experts.w13.stride()[:2], *experts.s13.stride()[:2], s_hp, s_hs,
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, WIDE=wide, WORDS=experts.words, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WORDS=experts.words, **launch,
     )
     h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -465,6 +427,6 @@ def fused_moe_fast(
         pairs, hidden, inter, ksplit2,
         h.stride(0), *experts.w2.stride()[:2], *experts.s2.stride()[:2], y.stride(1), y.stride(0),
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, WIDE=wide, WORDS=experts.words, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WORDS=experts.words, **launch,
     )
     return moe_combine(y, topk, x.dtype, add)

@@ -6,7 +6,7 @@ Why: with nibble halves a thread loads two bytes at a time and spends 9 instruct
 of one row that a thread's A fragment needs (one scale group), so the tile comes in as [BN, 8] int32
 (an 8-byte shared-memory load gives a thread both of its words), and each bf16x2 register is one to three
 integer ops and the scale multiply. `words_to_operand` assembles the eight [BN, 8] outputs into the
-[BN, 64] chunk with join / permute / reshape only: Triton maps that back onto the load's register layout,
+chunk's two [BN, 32] halves with join / permute / reshape / split only: Triton maps that back onto the load's register layout,
 so no value moves between threads or through shared memory (checked in the sm_90 TTGIR: the local_load
 of the words feeds the warp_group_dot with no convert_layout).
 """
@@ -66,8 +66,9 @@ def _half(t, HIGH: tl.constexpr, sc, INTERPRET: tl.constexpr):
 
 @triton.jit
 def words_to_operand(w, e, BN: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr):
-    """Words [BN, 8] (int32, word 2q + h) and E8M0 codes [BN, 8] (each word's group) -> the chunk's
-    values [BN, 64] in k order (bf16; float32 under the interpreter). ASM: the inline-PTX decode."""
+    """Words [BN, 8] (int32, word 2q + h) and E8M0 codes [BN, 8] (each word's group) -> the chunk's two
+    scale groups' values [BN, 32] each, in k order (bf16; float32 under the interpreter). ASM: the
+    inline-PTX decode."""
     if INTERPRET:
         sc = ((e.to(tl.uint32) + 126) << 23).to(tl.float32, bitcast=True)
     else:
@@ -87,7 +88,8 @@ def words_to_operand(w, e, BN: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.co
         d0, d1 = _half(t3, False, sc, INTERPRET), _half(t3, True, sc, INTERPRET)
     v = tl.join(tl.join(tl.join(a0, a1), tl.join(b0, b1)), tl.join(tl.join(c0, c1), tl.join(d0, d1)))
     v = tl.reshape(v, (BN, 4, 2, 2, 2, 2))  # [row, q, h, l, c, s]
-    return tl.reshape(tl.permute(v, (0, 2, 5, 4, 1, 3)), (BN, 64))  # k = 32h + 16s + 8c + 2q + l
+    v = tl.reshape(tl.permute(v, (0, 5, 4, 1, 3, 2)), (BN, 32, 2))  # [row, 16s + 8c + 2q + l, h]
+    return tl.split(v)
 
 
 @triton.jit

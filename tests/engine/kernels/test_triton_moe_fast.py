@@ -58,8 +58,8 @@ def test_relayout_keeps_every_value_and_pads_k():
     E, L, H = 3, 32, 96
     w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
     w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
-    fast = relayout_experts(w13, s13, w2, s2)
-    assert (fast.hidden, fast.inter) == (H, L)
+    fast = relayout_experts(w13, s13, w2, s2, words=False)
+    assert (fast.hidden, fast.inter) == (H, L) and not fast.words
     for wf, sf, w, s in ((fast.w13, fast.s13, w13, s13), (fast.w2, fast.s2, w2, s2)):
         E, chunks, N, _ = wf.shape
         assert wf.is_contiguous() and sf.shape == (E, chunks, N, 2)
@@ -79,7 +79,7 @@ def test_word_packing_decodes_to_the_checkpoint_values():
     E, L, H = 2, 32, 96
     w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
     w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
-    nib, words = relayout_experts(w13, s13, w2, s2), relayout_experts(w13, s13, w2, s2, words=True)
+    nib, words = relayout_experts(w13, s13, w2, s2, words=False), relayout_experts(w13, s13, w2, s2)
     assert words.words and not nib.words
     mask = 0x81C081C0
     programs = (lambda w: (w << 6) & mask, lambda w: ((w & 0x40384038) * 18) & mask, lambda w: w & mask,
@@ -163,7 +163,6 @@ configs = {"auto": None,
            "plain_bn32": FastConfig(16, 32, 4, 3, False),
            "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False),
            "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True),
-           "wide_bn32": FastConfig(16, 32, 4, 3, True, desc=True, wide=True),
            "words_bn32": FastConfig(16, 32, 4, 3, True, desc=True),
            "words_bm32": FastConfig(32, 64, 4, 3, True, prefetch=False, desc=True)}
 cases = []
@@ -172,8 +171,8 @@ shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, 
           (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2))]
 for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
     g, w, d13, d2 = make(si, E, H, L)
-    fast = relayout_experts(*w)
-    fast_words = relayout_experts(*w, words=True)
+    fast = relayout_experts(*w, words=False)
+    fast_words = relayout_experts(*w)  # the default
     allowed = torch.tensor([e for e in range(E) if e not in (0, E - 2)])
     x = torch.randn(T, H, generator=g) * 2
     ids, wts = routing(g, T, k, allowed, skew)
@@ -183,7 +182,7 @@ for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
         ref, flip = reference(xd, ids, wts, d13, d2, a4w4)
         # each shape runs every config once (rotated over the numerics), to keep the interpreter quick
         name, cfg = list(configs.items())[(ci + si) % len(configs)]
-        experts = fast_words if name.startswith("words") else fast
+        experts = fast_words if name.startswith("words") or name == "auto" else fast
         got = fused_moe_fast(xd, ids, wts, experts, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
         err = (got.double() - ref).abs()
         tol = 1e-5 * ref.abs().max() + flip
@@ -233,7 +232,7 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 5 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32", "wide_bn32", "words_bn32",
+    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32", "words_bn32",
                                            "words_bm32"}
     for c in cases:
         assert c["dtype_ok"], c
@@ -249,7 +248,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide", "wide_k64", "rows256",
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide",
                                     "words_auto", "words_split", "words_per_element", "words_rows256", "words_prefill"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
@@ -314,8 +313,6 @@ def test_fast_moe_on_cuda_without_host_sync(config):
           "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
           "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)},
           "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2},
-          "wide_k64": {"config": FastConfig(16, 128, 4, 4, True, desc=True, wide=True)},
-          "rows256": {"config": FastConfig(16, 256, 4, 3, True, desc=True, wide=True), "down_split_k": 2},
           "words_auto": {}, "words_split": {"split_k": 4, "down_split_k": 2},
           "words_per_element": {"config": FastConfig(16, 128, 4, 3, True, asm=False, desc=True)},
           "words_rows256": {"config": FastConfig(16, 256, 4, 3, True, desc=True), "down_split_k": 2},
