@@ -1,12 +1,13 @@
 """Fused routed-expert MoE on a load-time weight layout: E2M1 -> bf16 in a few integer ops (Hopper path).
 
-The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks whose low
-and high nibbles are one whole scale group each, decoded as bits (sign << 15) | (magnitude << 6)
-times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units `tl.dot_scaled` decodes every element
+The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks, by default
+as 32-bit words that decode straight into the wgmma register operand (`triton_moe_words`, `words=True`),
+else as nibble halves that are one whole scale group each; both decode to bits (sign << 15) |
+(magnitude << 6) times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units `tl.dot_scaled` decodes every element
 through an upcast, a scale broadcast, a multiply, a NaN select and a layout conversion
 (bench/results/2026-11-30_h200_engine).
 
-On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
+On a GPU the nibble decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
 bytes into the 16-bit lanes of a word; per nibble half a mask, an integer multiply that places the
 sign and the magnitude at once, a mask and one bf16x2 multiply by the scale), 2.25 instructions per
 value; `asm=False` keeps the per-element Triton form. The GEMMs put expert weight rows on the MMA's M
@@ -314,17 +315,20 @@ class FastConfig:
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
-# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3):
+# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3 and _moe4); the
+# figures are the default word layout's, the nibble layout's in brackets (same run):
 # - decode: 16 tokens per block on the MMA's narrow side, 128 weight rows (two 64-row wgmma tiles of one
 #   warp group) on its wide side, weights and scales through descriptors 4 stages deep, activations
-#   prefetched a chunk ahead: 0.368 / 1.768 / 3.470 ms at 4 / 32 / 128 tokens (2.1x / 1.7x / 1.7x the
-#   byte floor), against 0.442 / 2.018 / 3.810 for pointer loads on 64 rows with the same decode, 0.561 /
-#   2.675 / 5.246 with the per-element decode; 3 or 6 stages within 2%, 32-token blocks and split-K
-#   slower, 8 warps on 128 rows slower (first call, previous decode).
-# - in between (16-128 pairs per expert): 32-token blocks, 4.90 ms at 1024 tokens against 6.67 for the
-#   decode tiles.
-# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 20.0 ms
-#   (288 TFLOP/s) against 29.4 for pointer loads on 64 x 64 and 33.0 for tl.dot_scaled.
+#   prefetched a chunk ahead: 0.312 / 1.490 / 2.909 ms at 4 / 32 / 128 tokens, 1.8x / 1.5x / 1.45x the
+#   byte floor (0.335 / 1.723 / 3.364). 3 stages within 1.5%, 256 rows (fewer instructions per value,
+#   but twice the registers) 5-6% slower, 8 warps on 256 rows 14-19% slower, 32-token blocks 26-43%
+#   slower, no prefetch 70-76% slower; with nibbles: pointer loads on 64 rows 10-20% slower, the
+#   per-element decode about 50% slower, one K=64 MMA on token-major activation loads 3-6% slower and
+#   4.8x slower at 8192 tokens (moe3; moe4 first call).
+# - in between (16-128 pairs per expert): 32-token blocks, 4.52 ms at 1024 tokens (4.76) against 6.47
+#   for the decode tiles (first call, K=64 word variant).
+# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 19.4 ms,
+#   298 TFLOP/s (20.3) against 32.5 for tl.dot_scaled.
 DECODE_CONFIG = FastConfig(block_m=16, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 BATCHED_CONFIG = FastConfig(block_m=32, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, swap=True, prefetch=False, desc=True)
