@@ -25,7 +25,7 @@ once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
   `(((w >> 10) & m) * 0x8020) & M` (M = 0x81C081C0: sign at 15, magnitude at 6-8 of each half; the
   positions were found by a search over shift, mask and multiply programs, and the multiplies' shifted
   copies never overlap, so no carry reaches a kept bit): 10 integer ops per 8 values where the
-  nibble layout takes 14 and a byte permute per 4. `triton_moe_words` decodes them.
+  nibble layout takes 14 (its byte permutes included). `triton_moe_words` decodes them.
 """
 
 from __future__ import annotations

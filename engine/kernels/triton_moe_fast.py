@@ -1,11 +1,11 @@
 """Fused routed-expert MoE on a load-time weight layout: E2M1 -> bf16 in a few integer ops (Hopper path).
 
 The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks, by default
-as 32-bit words that decode straight into the wgmma register operand (`triton_moe_words`, `words=True`),
-else as nibble halves that are one whole scale group each; both decode to bits (sign << 15) |
-(magnitude << 6) times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units `tl.dot_scaled` decodes every element
-through an upcast, a scale broadcast, a multiply, a NaN select and a layout conversion
-(bench/results/2026-11-30_h200_engine).
+as 32-bit words that decode straight into the wgmma register operand (`triton_moe_words`,
+`words=True`), else as nibble halves that are one whole scale group each; both decode to bits
+(sign << 15) | (magnitude << 6) times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units
+`tl.dot_scaled` decodes every element through an upcast, a scale broadcast, a multiply, a NaN select
+and a layout conversion (bench/results/2026-11-30_h200_engine).
 
 On a GPU the nibble decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
 bytes into the 16-bit lanes of a word; per nibble half a mask, an integer multiply that places the
