@@ -7,7 +7,7 @@ layout (`triton_moe_fast.fused_moe_fast`) at its dispatched tiles and at a few o
 captured in a CUDA graph and replayed (so decode sizes are not timed as host launch gaps); median of
 CUDA-event timings. Floor: the touched experts' bytes (weights + scales) over the measured copy
 bandwidth; at prefill sizes the kernel is compute-bound, so TFLOP/s is printed too. `--profile`
-adds the per-kernel GPU times of the dispatched fast config (torch.profiler).
+adds the per-kernel GPU times of each fast config (torch.profiler, eager).
 
     python bench/engine_moe_gpu_bench.py --tokens 4,32,128,8192 --out /tmp/out
 """
@@ -30,18 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, split_k): desc = weights
-# and scales through tensor descriptors (TMA), pipelined num_stages deep. 256 weight rows per program
-# (16x256, 8 warps, swapped, pointer loads) stopped an H200 run with a misaligned-address fault; not swept.
+# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, words, split_k): desc = weights
+# and scales through tensor descriptors (TMA), pipelined num_stages deep; words = the word-packed layout
+# (moe_fast_layout.WORD_BITS), else nibble halves. 256 weight rows per program (16x256, 8 warps, swapped,
+# pointer loads) stopped an H200 run with a misaligned-address fault; on descriptors they measured slower
+# than 128 (bench/results/2026-12-01_h200_moe4).
 DECODE_SWEEP = [
-    (16, 64, 4, 3, True, True, False, False, 1), (16, 64, 4, 4, True, True, True, True, 1),
-    (16, 128, 4, 3, True, True, True, True, 1), (16, 128, 4, 6, True, True, True, True, 1),
-    (16, 128, 4, 4, True, True, False, True, 1), (16, 128, 4, 4, True, True, True, True, 2),
-    (32, 128, 4, 4, True, True, True, True, 1), (16, 128, 4, 4, True, False, True, True, 1),
+    (16, 128, 4, 4, True, True, True, True, False, 1), (16, 128, 4, 3, True, True, True, True, True, 1),
+    (16, 256, 4, 3, True, True, True, True, True, 1), (32, 128, 4, 4, True, True, True, True, True, 1),
 ]
 PREFILL_SWEEP = [
-    (64, 64, 4, 3, True, True, True, False, 1), (64, 64, 4, 4, True, True, False, True, 1),
-    (64, 128, 8, 3, True, True, False, True, 1), (64, 128, 8, 5, True, True, False, True, 1),
+    (64, 128, 8, 4, True, True, False, True, False, 1), (64, 128, 8, 3, True, True, False, True, True, 1),
 ]
 
 
@@ -99,7 +98,8 @@ def main() -> int:
     bw = copy_bandwidth_gbs()
     w13, s13 = random_mxfp4(E, 2 * L, H)
     w2, s2 = random_mxfp4(E, H, L)
-    fast = relayout_experts(w13, s13, w2, s2)
+    fast = relayout_experts(w13, s13, w2, s2, words=False)  # nibble halves, the layout before words
+    fast_words = relayout_experts(w13, s13, w2, s2)
     expert_bytes = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     print(f"copy bandwidth {bw:.0f} GB/s; E={E} H={H} L={L} top {TOPK}, A4W4", flush=True)
     rows = []
@@ -113,15 +113,17 @@ def main() -> int:
         ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled").float()
         auto = fast_config(T * TOPK, E)
         sweep = (PREFILL_SWEEP if T * TOPK >= 128 * E else DECODE_SWEEP) if args.sweep else []
-        runs = [("dot_scaled", None, 1), ("fast", None, 1)] + [("fast", FastConfig(*c[:8]), c[8]) for c in sweep]
+        runs = [("dot_scaled", None, 1), ("fast", None, 1), ("words", None, 1)]
+        runs += [("words" if c[8] else "fast", FastConfig(*c[:8]), c[9]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")
             else:
-                fn = partial(fused_moe_fast, x, ids, wts, fast, a4w4=True, config=cfg, split_k=split)
-            label = name if cfg is None else f"fast {describe(cfg)} split{split}"
-            if name == "fast" and cfg is None:
-                label = f"fast (dispatch {describe(auto)})"
+                experts = fast_words if name == "words" else fast
+                fn = partial(fused_moe_fast, x, ids, wts, experts, a4w4=True, config=cfg, split_k=split)
+            label = name if cfg is None else f"{name} {describe(cfg)} split{split}"
+            if name != "dot_scaled" and cfg is None:
+                label = f"{name} (dispatch {describe(auto)})"
             try:
                 err = float((fn().float() - ref).abs().max() / ref.abs().max())
                 ms = graph_time_ms(fn, args.reps)
@@ -131,13 +133,14 @@ def main() -> int:
                 continue
             row = {"T": T, "config": label, "ms": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                    "tflops": flops / ms / 1e9, "experts_touched": touched, "rel_diff_vs_dot_scaled": err}
+            if args.profile and name != "dot_scaled":  # eager per-kernel times: gate/up and down apart
+                row["kernels_ms"] = kernel_profile(fn)
             rows.append(row)
             print(f"T={T:>5} {label:<56} {ms:8.3f} ms  floor {floor_ms:6.3f}  x{ms / floor_ms:5.2f}  "
                   f"{row['tflops']:6.1f} TFLOP/s  diff {err:.1e}", flush=True)
-        if args.profile:
-            prof = kernel_profile(partial(fused_moe_fast, x, ids, wts, fast, a4w4=True))
-            rows.append({"T": T, "config": "fast profile", "kernels_ms": prof})
-            print(f"T={T:>5} kernels (ms per call): " + ", ".join(f"{k} {v:.3f}" for k, v in prof.items()), flush=True)
+            if "kernels_ms" in row:
+                print("        " + ", ".join(f"{k[:24]} {v:.3f}" for k, v in list(row["kernels_ms"].items())[:3]),
+                      flush=True)
     (args.out / "moe_gpu_bench.json").write_text(json.dumps({"bandwidth_gbs": bw, "E": E, "H": H, "L": L,
                                                             "topk": TOPK, "rows": rows}, indent=1))
     return 0

@@ -2,8 +2,9 @@
 # The routed-expert MoE on one GPU, in one device call: the GPU tests, the MoE kernels alone
 # (bench/engine_moe_gpu_bench.py: checkpoint layout against the fast layout, tile sweep, byte floor),
 # then the decode steps of bench/engine_gpu_bench.py on a Kimi-K2.5-width checkpoint.
-#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=1] [TEST_FILES="..."] [SWEEP=1] [MOE_TOKENS=4,32,128,8192] bash bench/gpu_moe.sh
-# TEST_FILES narrows the GPU tests (default: all of bench/gpu_setup.sh's GPU_TESTS).
+#   OUT=/tmp/out LAYERS=2 BATCHES=4,32,128 [TESTS=1] [TEST_FILES="..."] [SWEEP=1] [MOE_TOKENS=4,32,128,8192] [STEP=1] bash bench/gpu_moe.sh
+# TEST_FILES narrows the GPU tests (default: all of bench/gpu_setup.sh's GPU_TESTS); STEP=0 stops after the
+# kernels alone (no checkpoint, no decode steps).
 set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
@@ -23,6 +24,7 @@ SWEEP_ARG=$([ "${SWEEP:-1}" = 1 ] || echo --no-sweep)
 python3 bench/engine_moe_gpu_bench.py --tokens "${MOE_TOKENS:-4,32,128,8192}" --profile $SWEEP_ARG --out "$OUT" 2>&1 \
   | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
 
+[ "${STEP:-1}" = 1 ] || { log "done"; exit 0; }
 log "checkpoint: kimi-k2-width, $LAYERS layers"
 [ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
 log "bench: batches $BATCHES, variants $VARIANTS"

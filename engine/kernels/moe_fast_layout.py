@@ -15,6 +15,17 @@ once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
   bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
   exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
   larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
+- Words (`words=True`, the default): the same 32 bytes per row and chunk, the same scales, but re-packed
+  as eight 32-bit words whose bits land in the wgmma register operand with a few integer ops each. A
+  thread's A fragment of a row holds, for its q = lane % 4, the k = 32h + 16s + 8c + 2q + l
+  (s, c, l in {0, 1}): eight values of one scale group h, as four bf16x2 registers (pair j = 2s + c,
+  lane l = the register's 16-bit half). Word 2q + h of the row holds exactly those eight codes, code
+  bit b of pair j at bit WORD_BITS[j][b] + 16 l, so one 8-byte shared-memory load gives a thread both
+  of its words and each pair comes out as `(w << 6) & M`, `((w & m) * 18) & M`, `w & M` or
+  `(((w >> 10) & m) * 0x8020) & M` (M = 0x81C081C0: sign at 15, magnitude at 6-8 of each half; the
+  positions were found by a search over shift, mask and multiply programs, and the multiplies' shifted
+  copies never overlap, so no carry reaches a kept bit): 10 integer ops per 8 values where the
+  nibble layout takes 14 (its byte permutes included). `triton_moe_words` decodes them.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from k2bench.engine.model.mxfp4 import BLOCK, E8M0_NAN
 
 CHUNK = 64  # K values per relaid chunk: two scale groups, one per nibble half
 MAX_SCALE_CODE = 128  # 2^(e-1) must stay a normal bf16
+# bit of each E2M1 code bit (magnitude bits 0-2, sign 3) in a 16-bit half of a word, per pair j = 2s + c
+WORD_BITS = ((0, 1, 2, 9), (5, 3, 4, 14), (6, 7, 8, 15), (11, 12, 13, 10))
 
 
 class ScaleRangeError(ValueError):
@@ -48,9 +61,26 @@ class FastExperts:
     s2: torch.Tensor  # uint8 [E, L/64, H, 2]
     hidden: int
     inter: int
+    words: bool = False  # the 32 bytes of a row's chunk are WORD_BITS words (else nibble halves)
 
 
-def _relayout(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pack_words(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, chunks, 64] in k order -> [N, chunks, 32] bytes of the eight WORD_BITS words per chunk."""
+    n, chunks, _ = codes.shape
+    c = codes.to(torch.int64).view(n, chunks, 2, 2, 2, 4, 2)  # k = 32h + 16s + 8c + 2q + l
+    word = torch.zeros(n, chunks, 2, 4, dtype=torch.int64, device=codes.device)  # [.., h, q]
+    for s in range(2):
+        for cc in range(2):
+            for lane in range(2):
+                v = c[:, :, :, s, cc, :, lane]
+                for b, pos in enumerate(WORD_BITS[2 * s + cc]):
+                    word |= ((v >> b) & 1) << (pos + 16 * lane)
+    word = word.transpose(2, 3).reshape(n, chunks, 8)  # word 2q + h
+    word = torch.where(word >= 1 << 31, word - (1 << 32), word)  # as int32 bits
+    return word.to(torch.int32).view(torch.uint8).view(n, chunks, 32)  # little-endian words
+
+
+def _relayout(w: torch.Tensor, s: torch.Tensor, words: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint [E, N, K/2] + [E, N, K/32] -> [E, Kp/64, N, 32] + [E, Kp/64, N, 2], Kp = K padded to 64
     with zero codes; one expert at a time, so the unpacked codes never exist for the whole stack."""
     E, N, half = w.shape
@@ -62,16 +92,21 @@ def _relayout(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         codes = torch.zeros(N, chunks * CHUNK, dtype=torch.uint8, device=w.device)
         codes[:, 0:k:2] = w[e] & 15
         codes[:, 1:k:2] = w[e] >> 4
-        codes = codes.view(N, chunks, 2, CHUNK // 2)
-        wf[e] = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(0, 1)
+        if words:
+            wf[e] = _pack_words(codes.view(N, chunks, CHUNK)).transpose(0, 1)
+        else:
+            codes = codes.view(N, chunks, 2, CHUNK // 2)
+            wf[e] = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(0, 1)
         groups = torch.full((N, chunks * 2), 127, dtype=torch.uint8, device=w.device)
         groups[:, : k // BLOCK] = s[e]  # group g of chunk c is column 2c + g
         sf[e] = groups.view(N, chunks, 2).transpose(0, 1)
     return wf, sf
 
 
-def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor) -> FastExperts:
-    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`.
+def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
+                     words: bool = True) -> FastExperts:
+    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`; words: the
+    WORD_BITS packing (decoded only by swapped descriptor tiles), else nibble halves.
 
     Raises NanScaleError for the code 0xFF, ScaleRangeError above MAX_SCALE_CODE (one host sync: load time).
     """
@@ -81,6 +116,6 @@ def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2:
             raise NanScaleError(f"{name} holds the E8M0 NaN code 0xFF")
         if top > MAX_SCALE_CODE:
             raise ScaleRangeError(f"{name} holds scale 2^{top - 127}, above the fast layout's 2^{MAX_SCALE_CODE - 127}")
-    f13, g13 = _relayout(w13, s13)
-    f2, g2 = _relayout(w2, s2)
-    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2)
+    f13, g13 = _relayout(w13, s13, words)
+    f2, g2 = _relayout(w2, s2, words)
+    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2, words=words)

@@ -1,12 +1,13 @@
 """Fused routed-expert MoE on a load-time weight layout: E2M1 -> bf16 in a few integer ops (Hopper path).
 
-The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks whose low
-and high nibbles are one whole scale group each, decoded as bits (sign << 15) | (magnitude << 6)
-times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units `tl.dot_scaled` decodes every element
-through an upcast, a scale broadcast, a multiply, a NaN select and a layout conversion
-(bench/results/2026-11-30_h200_engine).
+The weights come in the layout of `moe_fast_layout` (built once at load): 64-wide K chunks, by default
+as 32-bit words that decode straight into the wgmma register operand (`triton_moe_words`,
+`words=True`), else as nibble halves that are one whole scale group each; both decode to bits
+(sign << 15) | (magnitude << 6) times a bf16 scale 2^(e-1). Why: on GPUs without FP4 units
+`tl.dot_scaled` decodes every element through an upcast, a scale broadcast, a multiply, a NaN select
+and a layout conversion (bench/results/2026-11-30_h200_engine).
 
-On a GPU the decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
+On a GPU the nibble decode runs on packed registers (`e2m1_decode_packed`, inline PTX: prmt spreads two
 bytes into the 16-bit lanes of a word; per nibble half a mask, an integer multiply that places the
 sign and the magnitude at once, a mask and one bf16x2 multiply by the scale), 2.25 instructions per
 value; `asm=False` keeps the per-element Triton form. The GEMMs put expert weight rows on the MMA's M
@@ -40,6 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
 from k2bench.engine.kernels.triton_moe import split_sizes
 from k2bench.engine.kernels.triton_moe_glue import moe_align, moe_bridge, moe_combine
+from k2bench.engine.kernels.triton_moe_words import word_scales, words_to_operand
 from k2bench.engine.kernels.triton_quant import fake_quantize
 
 
@@ -125,9 +127,13 @@ def _load_x(x_ptrs, x_ok, kc, K):
 
 @triton.jit
 def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
-               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr):
-    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN]."""
-    if ASM and not INTERPRET:
+               SWAP: tl.constexpr, INTERPRET: tl.constexpr, ASM: tl.constexpr, BN: tl.constexpr,
+               WORDS: tl.constexpr):
+    """acc += W_chunk . x_chunk. SWAP: acc is [BN, BM] (weights as the MMA's A operand); else [BM, BN].
+    WORDS: p is the chunk's [BN, 8] words (`triton_moe_words`; swapped tiles only)."""
+    if WORDS:
+        w_lo, w_hi = words_to_operand(p, word_scales(s_lo, s_hi, BN), BN, INTERPRET, ASM)
+    elif ASM and not INTERPRET:
         w_lo, w_hi = e2m1_decode_packed(p, s_lo, s_hi, BN)
     else:
         w_lo = e2m1_decode_half(p, s_lo, False, INTERPRET)
@@ -147,13 +153,13 @@ def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi,
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # one compiled kernel for every batch size (triton_moe_glue)
 def _fast_gate_up(
     x_ptr, w_ptr, s_ptr, h_ptr, pairs_ptr, block_experts_ptr,
     num_pairs, topk, L, K, K_SPLIT,
     s_xt, s_we, s_wc, s_se, s_sc, s_hp, s_hs,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WORDS: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half.
 
@@ -216,8 +222,8 @@ def _fast_gate_up(
             row = g_row + (kc // 64) * (s_wc // 32)
             pg, sgl, sgh = _load_w_desc(w_ptr, s_ptr, row, BN)
             pu, sul, suh = _load_w_desc(w_ptr, s_ptr, row + L, BN)
-        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN)
-        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN)
+        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, SWAP, INTERPRET, ASM, BN, WORDS)
+        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, SWAP, INTERPRET, ASM, BN, WORDS)
     if not SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -231,13 +237,13 @@ def _fast_gate_up(
         tl.store(h_ptr + pair[None, :] * s_hp + rn[:, None], h.to(h_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _fast_down(
     h_ptr, w_ptr, s_ptr, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
     num_pairs, N, K, K_SPLIT,
     s_hp, s_we, s_wc, s_se, s_sc, s_yp, s_ys,
     SWAP: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    DESC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WORDS: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     pid_m = tl.program_id(0)
@@ -286,7 +292,7 @@ def _fast_down(
                 pw, sl, sh = _load_w(w_e + (kc // 64) * s_wc, s_e + (kc // 64) * s_sc, rn, n_ok)
         if DESC:
             pw, sl, sh = _load_w_desc(w_ptr, s_ptr, w_row + (kc // 64) * (s_wc // 32), BN)
-        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN)
+        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, SWAP, INTERPRET, ASM, BN, WORDS)
     if not SWAP:
         acc = tl.trans(acc)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
@@ -309,17 +315,20 @@ class FastConfig:
 
 
 # Per-shape dispatch on pairs per expert (T * k / E), from bench/engine_moe_gpu_bench.py on an H200
-# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3):
+# (E=384, H=7168, L=2048, A4W4, CUDA-graph replays; bench/results/2026-12-01_h200_moe3 and _moe4); the
+# figures are the default word layout's, the nibble layout's in brackets (same run):
 # - decode: 16 tokens per block on the MMA's narrow side, 128 weight rows (two 64-row wgmma tiles of one
 #   warp group) on its wide side, weights and scales through descriptors 4 stages deep, activations
-#   prefetched a chunk ahead: 0.368 / 1.768 / 3.470 ms at 4 / 32 / 128 tokens (2.1x / 1.7x / 1.7x the
-#   byte floor), against 0.442 / 2.018 / 3.810 for pointer loads on 64 rows with the same decode, 0.561 /
-#   2.675 / 5.246 with the per-element decode; 3 or 6 stages within 2%, 32-token blocks and split-K
-#   slower, 8 warps on 128 rows slower (first call, previous decode).
-# - in between (16-128 pairs per expert): 32-token blocks, 4.90 ms at 1024 tokens against 6.67 for the
-#   decode tiles.
-# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 20.0 ms
-#   (288 TFLOP/s) against 29.4 for pointer loads on 64 x 64 and 33.0 for tl.dot_scaled.
+#   prefetched a chunk ahead: 0.312 / 1.490 / 2.909 ms at 4 / 32 / 128 tokens, 1.8x / 1.5x / 1.45x the
+#   byte floor (0.335 / 1.723 / 3.364). 3 stages within 1.5%, 256 rows (fewer instructions per value,
+#   but twice the registers) 5-6% slower, 8 warps on 256 rows 14-19% slower, 32-token blocks 26-43%
+#   slower, no prefetch 70-76% slower; with nibbles: pointer loads on 64 rows 10-20% slower, the
+#   per-element decode about 50% slower, one K=64 MMA on token-major activation loads 3-6% slower and
+#   4.8x slower at 8192 tokens (moe3; moe4 first call).
+# - in between (16-128 pairs per expert): 32-token blocks, 4.52 ms at 1024 tokens (4.76) against 6.47
+#   for the decode tiles (first call, K=64 word variant).
+# - prefill (8192 tokens): 64 tokens x 128 rows, 8 warps, descriptors, no register prefetch: 19.4 ms,
+#   298 TFLOP/s (20.3) against 32.5 for tl.dot_scaled.
 DECODE_CONFIG = FastConfig(block_m=16, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 BATCHED_CONFIG = FastConfig(block_m=32, block_n=128, num_warps=4, num_stages=4, swap=True, prefetch=True, desc=True)
 PREFILL_CONFIG = FastConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, swap=True, prefetch=False, desc=True)
@@ -341,7 +350,10 @@ def _descriptors(experts: FastExperts, block_n: int) -> tuple[TensorDescriptor, 
                          f"{experts.inter}, {experts.hidden}")
     out = []
     for w, s in ((experts.w13, experts.s13), (experts.w2, experts.s2)):
-        out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
+        if experts.words:  # the same bytes as [rows, 8] int32 words
+            out.append(TensorDescriptor.from_tensor(w.view(torch.int32).view(-1, 8), [block_n, 8]))
+        else:
+            out.append(TensorDescriptor.from_tensor(w.view(-1, 32), [block_n, 32]))
         out.append(TensorDescriptor.from_tensor(s.view(-1, 16), [block_n // 8, 16]))
     return tuple(out)
 
@@ -388,6 +400,8 @@ def fused_moe_fast(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+    if experts.words and not (cfg.swap and cfg.desc):
+        raise ValueError("word-packed experts need swapped tiles on tensor descriptors (swap=True, desc=True)")
     if cfg.desc:
         w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
 
@@ -407,7 +421,7 @@ def fused_moe_fast(
         pairs, topk, inter, hidden, ksplit1,
         xa.stride(0), *experts.w13.stride()[:2], *experts.s13.stride()[:2], s_hp, s_hs,
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split1 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WORDS=experts.words, **launch,
     )
     h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -417,6 +431,6 @@ def fused_moe_fast(
         pairs, hidden, inter, ksplit2,
         h.stride(0), *experts.w2.stride()[:2], *experts.s2.stride()[:2], y.stride(1), y.stride(0),
         SWAP=cfg.swap, INTERPRET=interpret, SPLIT=split2 > 1, ASM=cfg.asm, PREFETCH=cfg.prefetch, DESC=cfg.desc,
-        BM=cfg.block_m, BN=cfg.block_n, **launch,
+        BM=cfg.block_m, BN=cfg.block_n, WORDS=experts.words, **launch,
     )
     return moe_combine(y, topk, x.dtype, add)

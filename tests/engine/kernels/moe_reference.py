@@ -52,7 +52,7 @@ def routing(g, T, k, allowed, skew=None):
 
 
 
-def run_interpreted(child: str, timeout: int = 280) -> dict:
+def run_interpreted(child: str, timeout: int = 560) -> dict:
     """Run `child` (Python source printing one line "RESULT<json>") under TRITON_INTERPRET=1 in a fresh
     process, since the interpreter must be on before triton compiles anything; return the JSON."""
     here = os.path.dirname(os.path.abspath(__file__))  # the child imports this module from here

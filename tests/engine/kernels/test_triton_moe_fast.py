@@ -14,7 +14,8 @@ import warnings
 import pytest
 import torch
 
-pytestmark = pytest.mark.engine
+# the interpreted kernel run behind the module fixture may take minutes on a loaded 2-core machine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 pytest.importorskip("triton")
 
@@ -58,14 +59,46 @@ def test_relayout_keeps_every_value_and_pads_k():
     E, L, H = 3, 32, 96
     w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
     w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
-    fast = relayout_experts(w13, s13, w2, s2)
-    assert (fast.hidden, fast.inter) == (H, L)
+    fast = relayout_experts(w13, s13, w2, s2, words=False)
+    assert (fast.hidden, fast.inter) == (H, L) and not fast.words
     for wf, sf, w, s in ((fast.w13, fast.s13, w13, s13), (fast.w2, fast.s2, w2, s2)):
         E, chunks, N, _ = wf.shape
         assert wf.is_contiguous() and sf.shape == (E, chunks, N, 2)
         codes = torch.cat((wf & 15, wf >> 4), dim=-1)  # [E, chunks, N, 64] in k order
         vals = ocp_value(codes, sf.repeat_interleave(32, dim=-1))
         vals = vals.permute(0, 2, 1, 3).reshape(E, N, chunks * 64)
+        k = 2 * w.shape[2]
+        assert torch.equal(vals[..., :k], dequantize_mxfp4(w, s).double())
+        assert not vals[..., k:].any()
+
+
+def test_word_packing_decodes_to_the_checkpoint_values():
+    """The word layout, decoded in torch by the four shift / mask / multiply programs the kernels use
+    (pair j of word 2q + h is k = 32h + 16(j // 2) + 8(j % 2) + 2q + lane), gives the checkpoint's
+    values; the scales are the nibble layout's, K = 96 pads with zeros."""
+    g = torch.Generator().manual_seed(2)
+    E, L, H = 2, 32, 96
+    w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
+    w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
+    nib, words = relayout_experts(w13, s13, w2, s2, words=False), relayout_experts(w13, s13, w2, s2)
+    assert words.words and not nib.words
+    mask = 0x81C081C0
+    programs = (lambda w: (w << 6) & mask, lambda w: ((w & 0x40384038) * 18) & mask, lambda w: w & mask,
+                lambda w: (((w >> 10) & 0x000F000F) * 0x8020) & mask)
+    for wf, sf, nwf, nsf, w, s in ((words.w13, words.s13, nib.w13, nib.s13, w13, s13),
+                                   (words.w2, words.s2, nib.w2, nib.s2, w2, s2)):
+        assert torch.equal(sf, nsf) and wf.shape == nwf.shape and not torch.equal(wf, nwf)
+        E, chunks, N, _ = wf.shape
+        word = wf.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [E, chunks, N, 8]
+        vals = torch.zeros(E, chunks, N, 2, 2, 2, 4, 2, dtype=torch.float64)  # [.., h, s, c, q, lane]
+        for j, prog in enumerate(programs):
+            bits = prog(word).view(E, chunks, N, 4, 2)  # [.., q, h]
+            for lane in range(2):
+                b = ((bits >> (16 * lane)) & 0xFFFF).to(torch.int32)
+                v = (b << 16).view(torch.float32).double() * 2.0**126  # bf16 bits as value * 2^-126
+                vals[:, :, :, :, j // 2, j % 2, :, lane] = v.permute(0, 1, 2, 4, 3)
+        vals = vals.reshape(E, chunks, N, 2, 32) * torch.exp2(sf.double() - 127)[..., None]
+        vals = vals.reshape(E, chunks, N, 64).permute(0, 2, 1, 3).reshape(E, N, chunks * 64)
         k = 2 * w.shape[2]
         assert torch.equal(vals[..., :k], dequantize_mxfp4(w, s).double())
         assert not vals[..., k:].any()
@@ -130,14 +163,17 @@ configs = {"auto": None,
            "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
            "plain_bn32": FastConfig(16, 32, 4, 3, False),
            "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False),
-           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True)}
+           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True),
+           "words_bn32": FastConfig(16, 32, 4, 3, True, desc=True),
+           "words_bm32": FastConfig(32, 64, 4, 3, True, prefetch=False, desc=True)}
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
           (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2))]
 for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
     g, w, d13, d2 = make(si, E, H, L)
-    fast = relayout_experts(*w)
+    fast = relayout_experts(*w, words=False)
+    fast_words = relayout_experts(*w)  # the default
     allowed = torch.tensor([e for e in range(E) if e not in (0, E - 2)])
     x = torch.randn(T, H, generator=g) * 2
     ids, wts = routing(g, T, k, allowed, skew)
@@ -147,7 +183,8 @@ for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
         ref, flip = reference(xd, ids, wts, d13, d2, a4w4)
         # each shape runs every config once (rotated over the numerics), to keep the interpreter quick
         name, cfg = list(configs.items())[(ci + si) % len(configs)]
-        got = fused_moe_fast(xd, ids, wts, fast, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
+        experts = fast_words if name.startswith("words") or name == "auto" else fast
+        got = fused_moe_fast(xd, ids, wts, experts, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
         err = (got.double() - ref).abs()
         tol = 1e-5 * ref.abs().max() + flip
         if dtype == torch.bfloat16:
@@ -196,7 +233,8 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 5 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32"}
+    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32", "words_bn32",
+                                           "words_bm32"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -211,7 +249,8 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide"])
+@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide",
+                                    "words_auto", "words_split", "words_per_element", "words_rows256", "words_prefill"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -268,13 +307,17 @@ def test_fast_moe_on_cuda_without_host_sync(config):
             h = d13[e] @ x[t].to(torch.bfloat16).double()
             h = (F.silu(h[:L]) * h[L:]).to(torch.bfloat16).double()
             ref[t] += float(wts[t, j]) * (d2[e] @ h)
-    fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda())
+    fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda(), words=config.startswith("words"))
     dev = [t.cuda() for t in (x, ids, wts)]
     kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 8, 3, False)},
           "split": {"split_k": 4, "down_split_k": 2},
           "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
           "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)},
-          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2}}[config]
+          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2},
+          "words_auto": {}, "words_split": {"split_k": 4, "down_split_k": 2},
+          "words_per_element": {"config": FastConfig(16, 128, 4, 3, True, asm=False, desc=True)},
+          "words_rows256": {"config": FastConfig(16, 256, 4, 3, True, desc=True), "down_split_k": 2},
+          "words_prefill": {"config": FastConfig(64, 128, 8, 4, True, prefetch=False, desc=True)}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
