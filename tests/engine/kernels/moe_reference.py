@@ -1,13 +1,8 @@
 """The float64 reference of the routed-expert MoE and its random test inputs, shared by the child
 processes of test_triton_moe.py, test_triton_moe_fast.py and test_dense_mlp.py (which import it from this
-folder), and `run_interpreted`, which starts such a child."""
+folder; `kernel_cases.run_interpreted` starts such a child)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +44,3 @@ def routing(g, T, k, allowed, skew=None):
         ids[:, 0] = skew
         ids[:, 1:] = torch.where(ids[:, 1:] == skew, allowed[0] if skew != allowed[0] else allowed[1], ids[:, 1:])
     return ids, torch.rand(T, k, generator=g)
-
-
-
-def run_interpreted(child: str, timeout: int = 560) -> dict:
-    """Run `child` (Python source printing one line "RESULT<json>") under TRITON_INTERPRET=1 in a fresh
-    process, since the interpreter must be on before triton compiles anything; return the JSON."""
-    here = os.path.dirname(os.path.abspath(__file__))  # the child imports this module from here
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 pytest.importorskip("triton")
 
-from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
+from kernel_cases import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 CHILD = r"""
 import json, torch

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 pytest.importorskip("triton")
 
-from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
+from kernel_cases import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4  # noqa: E402  (after the importorskip)
 from k2bench.engine.kernels.triton_moe_glue import moe_align_sizes  # noqa: E402

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 pytest.importorskip("triton")
 
-from moe_reference import run_interpreted  # noqa: E402  (this folder; after the importorskip)
+from kernel_cases import run_interpreted  # noqa: E402  (this folder; after the importorskip)
 
 from k2bench.engine.kernels.moe_fast_layout import (  # noqa: E402  (after the importorskip)
     MAX_SCALE_CODE,

@@ -13,12 +13,8 @@ The gpu test runs the same checks on the compiled kernels.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from kernel_cases import cuda_cases, interpreted_cases  # this folder
 
 pytestmark = pytest.mark.engine
 
@@ -160,12 +156,7 @@ def _check(res: dict) -> None:
 
 
 def test_glue_kernels_under_interpreter():
-    child = CASES + "\nimport json\nprint('RESULT' + json.dumps(run('cpu', subnormal_casts=False)))\n"
-    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    _check(json.loads(line[len("RESULT"):]))
+    _check(interpreted_cases(CASES, "run('cpu', subnormal_casts=False)"))
 
 
 def test_align_rejects_bad_arguments():
@@ -183,9 +174,4 @@ def test_align_rejects_bad_arguments():
 
 @pytest.mark.gpu
 def test_glue_kernels_on_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    scope: dict = {}
-    exec(CASES, scope)  # noqa: S102 - the same checks as the interpreter test, compiled kernels
-    _check(scope["run"]("cuda"))
+    _check(cuda_cases(CASES, "run"))

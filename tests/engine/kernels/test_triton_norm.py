@@ -5,12 +5,8 @@ same cases compiled."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from kernel_cases import cuda_cases, interpreted_cases  # this folder
 
 pytestmark = pytest.mark.engine
 
@@ -150,19 +146,9 @@ def _check(res: dict, rounding_ulps: float) -> None:
 
 
 def test_glue_kernels_under_interpreter():
-    child = CASES + "\nimport json\nprint('RESULT' + json.dumps(compare('cpu')))\n"
-    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    _check(json.loads(line[len("RESULT"):]), rounding_ulps=1.0)
+    _check(interpreted_cases(CASES, "compare('cpu')"), rounding_ulps=1.0)
 
 
 @pytest.mark.gpu
 def test_glue_kernels_on_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    scope: dict = {}
-    exec(CASES, scope)  # noqa: S102 - the same cases as the interpreter test, compiled kernels
-    _check(scope["compare"]("cuda"), rounding_ulps=0.0)
+    _check(cuda_cases(CASES, "compare"), rounding_ulps=0.0)

@@ -4,12 +4,8 @@ scales, non-finite values). Under TRITON_INTERPRET=1 on CPU; the gpu test runs t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from kernel_cases import cuda_cases, interpreted_cases  # this folder
 
 pytestmark = pytest.mark.engine
 
@@ -56,21 +52,11 @@ def compare(device, subnormal_casts=True):
 
 
 def test_fake_quantize_kernel_under_interpreter():
-    child = CASES + "\nimport json\nprint('RESULT' + json.dumps(compare('cpu', subnormal_casts=False)))\n"
-    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    res = json.loads(line[len("RESULT"):])
+    res = interpreted_cases(CASES, "compare('cpu', subnormal_casts=False)")
     assert res == {name: [True, True, True, True] for name in ("random", "edge", "bf16")}
 
 
 @pytest.mark.gpu
 def test_fake_quantize_kernel_on_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    scope: dict = {}
-    exec(CASES, scope)  # noqa: S102 - the same cases as the interpreter test, compiled kernel
-    res = scope["compare"]("cuda")
+    res = cuda_cases(CASES, "compare")
     assert res == {name: [True, True, True, True] for name in ("random", "edge", "bf16")}
