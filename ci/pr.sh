@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# PR gate, runnable anywhere (GitHub Actions calls it from ci/github/pr.yml):
+# PR gate, runnable anywhere (GitHub Actions calls it from ci/github/pr.yml, in the untrusted job):
+#   0. with --baseline-dir, import the base branch's runs exported there (ci/pr_baseline.sh);
 #   1. sweep the checked-out PR head;
 #   2. make sure its merge-base with the default branch has a comparable run (sweep it in a
 #      temporary git worktree when it has none);
 #   3. k2bench regress against that baseline -> comment.md (+ comment.png) and regress.json;
-#   4. create or update ONE PR comment (ci/pr_comment.sh, with gh), when a PR is given;
+#   4. create or update ONE PR comment (ci/pr_comment.sh, with gh), when a PR is given (the workflow
+#      leaves this to its separate commenter, ci/github/pr_comment.yml);
 #   5. exit 1 on a regression, 0 otherwise; 2 usage, 3 a failed sweep or server, 4 a failed comment.
 #
-# usage: ci/pr.sh [--repo DIR] [--base BRANCH] [--out DIR] [--pr NUMBER]
+# usage: ci/pr.sh [--repo DIR] [--base BRANCH] [--out DIR] [--pr NUMBER] [--baseline-dir DIR]
 # environment (all optional):
-#   K2BENCH_DB            database URL; default sqlite:///<out>/k2bench.db (then keep <out> as an artifact)
+#   K2BENCH_DB            database URL; default sqlite:///<out>/k2bench.db (then keep <out> as an artifact);
+#                         never the shared history's URL for a PR's code (docs/ci.md, "Trust model")
 #   K2BENCH_SWEEP_CMD     how to run one sweep from a checkout (default "k2bench sweep"); it is run inside
 #                         the checkout with "$K2BENCH_SWEEP_ARGS --commit SHA --branch NAME --db URL" appended
 #   K2BENCH_SWEEP_ARGS    e.g. "--engine vllm --model /models/x --tp 4 --conc 4..64"
@@ -23,13 +26,15 @@ REPO=.
 BASE=${K2BENCH_BASE_BRANCH:-main}
 OUT=${K2BENCH_OUT:-results/pr}
 PR=${PR_NUMBER:-}
+BASELINE_DIR=
 while [ $# -gt 0 ]; do
   case "$1" in
     --repo) REPO=$2; shift 2 ;;
     --base) BASE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --pr) PR=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --baseline-dir) BASELINE_DIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "ci/pr.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +66,21 @@ sel = bl.select(store, cand, "auto", bl.BaselineOptions(mode="merge-base", defau
 sys.exit(0 if sel.baseline else 1)
 PY
 }
+
+if [ -n "$BASELINE_DIR" ]; then
+  shopt -s nullglob
+  exported=("$BASELINE_DIR"/*.json)
+  shopt -u nullglob
+  if [ ${#exported[@]} -gt 0 ]; then
+    k2bench import --db "$DB" "${exported[@]}" >/dev/null || {
+      echo "k2bench PR gate: could not import the base branch's runs from $BASELINE_DIR" >&2
+      exit 3
+    }
+    echo "k2bench PR gate: imported ${#exported[@]} run(s) of the base branch from $BASELINE_DIR"
+  else
+    echo "k2bench PR gate: no exported runs in $BASELINE_DIR"
+  fi
+fi
 
 k2_sweep "k2bench PR gate" "$REPO" "$HEAD_SHA" "$HEAD_BRANCH"
 

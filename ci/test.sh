@@ -6,4 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check .
+# The workflow templates' security audit, offline (CI cannot reach GitHub): any high finding fails.
+zizmor --offline --no-progress --min-severity high ci/github/*.yml
 python -m pytest -q -n 2 --dist loadfile "$@"

@@ -1,7 +1,9 @@
-"""Structure check of the GitHub Actions templates (actionlint cannot be built offline here).
+"""Structure check of the GitHub Actions templates (actionlint and zizmor check them too, in
+tests/fleet/test_workflows.py).
 
-Parsed with PyYAML; asserts what matters: triggers, permissions, runner labels, and that the steps
-call the plain scripts, which exist and are valid bash.
+Parsed with PyYAML; asserts what matters: triggers, permissions, runner labels, the trust split of the PR
+gate (the job running a PR's code has no secret and a read-only token; the commenter never checks out
+the PR's code), pinned actions, and that the steps call the plain scripts, which exist and are valid bash.
 """
 
 from __future__ import annotations
@@ -29,47 +31,110 @@ def _load(name: str) -> dict:
     return doc
 
 
-def _check_common(doc: dict, script: str) -> dict:
-    assert isinstance(doc.get("name"), str) and doc["jobs"]
-    (job_name, job), = doc["jobs"].items()
-    return _check_job(job, script)
+PINNED = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
+PIN_LINE = re.compile(r"^\s*(?:- )?uses: ([^\s#]+)\s*#\s*v\d+(?:\.\d+)*\s*$")
 
 
-def _check_job(job: dict, script: str | None, labels_needed: tuple[str, ...] = ("self-hosted", "gpu")) -> dict:
+def _text(name: str) -> str:
+    return (CI / "github" / name).read_text()
+
+
+def _check_job(job: dict, script: str | None, labels_needed: tuple[str, ...] = ("self-hosted",),
+               history: bool = True) -> dict:
+    """Keys, runner labels, pinned actions, checkouts without persisted credentials, no expression in a
+    shell, explicit least permissions; ``script`` is a ci/ script some step must call."""
     assert set(job) <= ALLOWED_JOB_KEYS, f"unknown job keys: {set(job) - ALLOWED_JOB_KEYS}"
     labels = job["runs-on"]
     assert isinstance(labels, list) and all(label in labels for label in labels_needed)
+    assert isinstance(job.get("permissions"), dict), "every job states its own permissions"
+    assert "write-all" not in str(job["permissions"]) and "contents" not in {
+        k for k, v in job["permissions"].items() if v == "write"}
     steps = job["steps"]
     for step in steps:
         assert set(step) <= ALLOWED_STEP_KEYS, f"unknown step keys: {set(step) - ALLOWED_STEP_KEYS}"
         assert ("uses" in step) != ("run" in step), f"a step needs exactly one of uses/run: {step}"
-    uses = [s["uses"] for s in steps if "uses" in s]
-    assert any(u.startswith("actions/checkout@v") for u in uses)
-    checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))
-    assert checkout["with"]["fetch-depth"] == 0  # merge-base and history need the full graph
+        if "uses" in step:
+            assert PINNED.match(step["uses"]), f"not pinned by a full commit hash: {step['uses']}"
+        if "run" in step:  # values reach a shell through env:, never pasted into the script
+            assert "${{" not in step["run"], f"expression in a shell script: {step['run']!r}"
+    checkouts = [s for s in steps if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkouts and all(s["with"]["persist-credentials"] is False for s in checkouts)
+    if history:
+        assert checkouts[0]["with"]["fetch-depth"] == 0  # merge-base and history need the full graph
     runs = [s["run"] for s in steps if "run" in s]
     if script is not None:
         assert any(re.search(rf"\bbash ci/{script}\b", r) for r in runs), f"no step calls ci/{script}"
-    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert upload["if"] == "always()"
-    for text in runs + [str(s.get("with", "")) for s in steps] + [str(s.get("env", "")) for s in steps]:
+    for text in [str(s.get("with", "")) for s in steps] + [str(s.get("env", "")) for s in steps]:
         assert text.count("${{") == text.count("}}"), f"unbalanced expression in {text!r}"
     return job
 
 
-def test_pr_workflow_structure():
+@pytest.mark.parametrize("name", ["pr.yml", "pr_comment.yml", "nightly.yml"])
+def test_every_action_is_pinned_with_its_version_named(name):
+    """YAML drops comments: the raw lines must carry `@<40 hex>  # vX.Y.Z`."""
+    lines = [line for line in _text(name).splitlines() if "uses:" in line]
+    assert lines
+    for line in lines:
+        m = PIN_LINE.match(line)
+        assert m and PINNED.match(m.group(1)), f"not pinned with a version comment: {line.strip()}"
+
+
+def _secrets_and_tokens(obj) -> str:
+    return " ".join(re.findall(r"(secrets\.\w+|github\.token|GITHUB_TOKEN)", str(obj)))
+
+
+def test_pr_workflow_runs_pr_code_without_secrets_or_write_access():
     doc = _load("pr.yml")
-    trig = doc["on"]
-    assert set(trig) == {"pull_request"}
-    assert "labeled" in trig["pull_request"]["types"] and "synchronize" in trig["pull_request"]["types"]
-    assert doc["permissions"]["pull-requests"] == "write" and doc["permissions"]["contents"] == "read"
-    job = _check_common(doc, "pr.sh")
-    assert "'benchmark'" in job["if"] and "labels" in job["if"]
-    step = next(s for s in job["steps"] if "ci/pr.sh" in s.get("run", ""))
-    assert {"PR_NUMBER", "GH_TOKEN", "GITHUB_REPOSITORY", "K2BENCH_DB"} <= set(step["env"])
-    assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
-    checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
-    assert "pull_request.head.sha" in checkout["with"]["ref"]  # the PR head, not GitHub's merge commit
+    # approval per commit: only the label event triggers; a later push does not re-run the PR's code
+    assert doc["on"] == {"pull_request": {"types": ["labeled"]}}
+    assert doc["permissions"] == {}
+    assert set(doc["jobs"]) == {"baseline", "benchmark"}
+    base, bench = doc["jobs"]["baseline"], doc["jobs"]["benchmark"]
+    assert base["if"] == "github.event.label.name == 'benchmark'" and bench["needs"] == "baseline"
+
+    # the job that runs the PR's code: read-only token, no secret, private SQLite, no comment
+    _check_job(bench, "pr.sh", ("self-hosted", "gpu"))
+    assert bench["permissions"] == {"contents": "read"}
+    assert _secrets_and_tokens(bench) == "", "the PR-code job must see no secret or token"
+    checkout = next(s for s in bench["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["ref"] == "${{ github.event.pull_request.head.sha }}"  # the commit labelled
+    step = next(s for s in bench["steps"] if "ci/pr.sh" in s.get("run", ""))
+    assert "K2BENCH_DB" not in step["env"] and "unset K2BENCH_DB" in step["run"]
+    assert step["env"]["K2BENCH_NO_COMMENT"] == "1" and "GH_TOKEN" not in step["env"]
+    assert "--baseline-dir results/baseline" in step["run"]
+    uploads = {s["with"]["name"]: s for s in bench["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")}
+    assert uploads["k2bench-pr-verdict"]["if"] == "always()"
+
+    # the trusted job: the base commit's code only, a read-only database role, hands runs over as data
+    _check_job(base, "pr_baseline.sh")
+    assert base["permissions"] == {"contents": "read"}
+    checkout = next(s for s in base["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["ref"] == "${{ github.event.pull_request.base.sha }}"
+    assert "head" not in str(base["steps"]) and "ci/pr.sh" not in str(base["steps"])
+    assert _secrets_and_tokens(base) == "secrets.K2BENCH_DB_READ_URL"
+    handed = next(s for s in base["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    taken = next(s for s in bench["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert handed["with"]["name"] == taken["with"]["name"] and taken["with"]["path"] == "results/baseline"
+
+
+def test_commenter_holds_the_write_token_and_never_checks_out_pr_code():
+    doc, pr = _load("pr_comment.yml"), _load("pr.yml")
+    assert doc["on"] == {"workflow_run": {"workflows": [pr["name"]], "types": ["completed"]}}
+    assert doc["permissions"] == {}
+    (job,) = doc["jobs"].values()
+    _check_job(job, "pr_verdict_comment.sh", history=False)
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write", "issues": "write"}
+    assert "workflow_run.event == 'pull_request'" in job["if"]
+    # the one checkout is ci/ of the default branch: nothing of the PR's (head_sha, head_branch, refs/pull)
+    (checkout,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkout["with"] == {"ref": "${{ github.event.repository.default_branch }}", "sparse-checkout": "ci",
+                                "persist-credentials": False}
+    # the artifact is data: downloaded outside the workspace, and only the checked-out script reads it
+    download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"]["name"] == "k2bench-pr-verdict" and download["with"]["path"].startswith("${{ runner.temp }}")
+    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert runs == ['bash ci/pr_verdict_comment.sh "$VERDICT_DIR"']
 
 
 def test_nightly_workflow_structure():
@@ -78,10 +143,12 @@ def test_nightly_workflow_structure():
     assert "schedule" in trig and "workflow_dispatch" in trig
     cron = trig["schedule"][0]["cron"]
     assert len(cron.split()) == 5
-    assert doc["permissions"] == {"contents": "read"}
+    assert doc["permissions"] == {}
     # fan-out: plan (the suite as a matrix), bench (one job per entry on its hardware label), scan (fan-in)
     assert set(doc["jobs"]) == {"plan", "bench", "scan"}
     plan, bench, scan = doc["jobs"]["plan"], doc["jobs"]["bench"], doc["jobs"]["scan"]
+    _check_job(plan, None)
+    assert plan["permissions"] == bench["permissions"] == {"contents": "read"}
     assert "suite matrix" in " ".join(s.get("run", "") for s in plan["steps"]) and "matrix" in plan["outputs"]
     assert bench["needs"] == "plan" and "fromJSON(needs.plan.outputs.matrix)" in bench["strategy"]["matrix"]
     assert "${{ matrix.runner }}" in bench["runs-on"] and bench["strategy"]["fail-fast"] is False
@@ -90,13 +157,19 @@ def test_nightly_workflow_structure():
     assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"] and "id=$JOB_ID" in step["run"]
     assert scan["needs"] == "bench" and scan["if"] == "always()"
     assert scan["permissions"] == {"contents": "read", "pull-requests": "write"}  # culprit comments only here
-    job = _check_job(scan, "nightly_scan.sh")
+    job = _check_job(scan, "nightly_scan.sh", ("self-hosted", "gpu"))
     step = next(s for s in job["steps"] if "ci/nightly_scan.sh" in s.get("run", ""))
     assert "secrets.K2BENCH_DB_URL" in step["env"]["K2BENCH_DB"]
     assert "vars.K2BENCH_BISECT_SERVER_CMD" in step["env"]["K2BENCH_BISECT_SERVER_CMD"]
+    # trusted: every checkout is the default branch, never a pull request's code
+    for job in doc["jobs"].values():
+        for s in job["steps"]:
+            if s.get("uses", "").startswith("actions/checkout@"):
+                assert s["with"]["ref"] == "${{ github.event.repository.default_branch }}"
 
 
-@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh", "nightly_scan.sh", "pr_comment.sh"])
+@pytest.mark.parametrize("script", ["pr.sh", "nightly.sh", "nightly_scan.sh", "pr_comment.sh", "pr_baseline.sh",
+                                    "pr_verdict_comment.sh"])
 def test_scripts_are_valid_bash_with_help(script):
     path = CI / script
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

@@ -1,7 +1,9 @@
-"""The GitHub Actions templates pass actionlint (from the dev extra), with the suites' runner labels."""
+"""The GitHub Actions templates pass actionlint and zizmor (both from the dev extra), with the suites'
+runner labels."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -25,7 +27,7 @@ def _actionlint() -> str:
 
 def test_workflows_pass_actionlint() -> None:
     files = sorted(GH.glob("*.yml"))
-    assert {f.name for f in files} >= {"nightly.yml", "pr.yml"}
+    assert {f.name for f in files} >= {"nightly.yml", "pr.yml", "pr_comment.yml"}
     out = subprocess.run([_actionlint(), "-config-file", str(CONFIG), "-no-color", *map(str, files)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -50,3 +52,39 @@ def test_runner_labels_of_the_shipped_suites_are_known_to_actionlint() -> None:
     for path in (ROOT / "suites").glob("*.toml"):
         for job in suites.load(path).jobs:
             assert (job.get("hardware") or "gpu") in labels, (path.name, job.id)
+
+
+def _zizmor(*paths: Path) -> subprocess.CompletedProcess:
+    found = shutil.which("zizmor") or shutil.which("zizmor", path=str(Path(sys.executable).parent))
+    if not found:
+        pytest.skip("zizmor is not installed (pip install -e '.[dev]' brings it)")
+    # offline: CI cannot reach GitHub; JSON: findings by severity, whatever the terminal
+    return subprocess.run([found, "--offline", "--no-progress", "--format", "json", "--min-severity", "high",
+                           *map(str, paths)], capture_output=True, text=True)
+
+
+def test_workflows_have_no_high_zizmor_finding() -> None:
+    out = _zizmor(*sorted(GH.glob("*.yml")))
+    assert out.returncode == 0 and json.loads(out.stdout) == [], out.stdout + out.stderr
+
+
+def test_the_only_zizmor_ignore_is_the_commenters_trigger() -> None:
+    """An ignore comment hides a finding: the one allowed is workflow_run on the commenter, which by
+    design checks out no PR code and treats the artifact as data (docs/ci.md)."""
+    ignores = [(f.name, line.strip()) for f in sorted(GH.glob("*.yml")) for line in f.read_text().splitlines()
+               if "zizmor:" in line]
+    assert len(ignores) == 1 and ignores[0][0] == "pr_comment.yml"
+    assert ignores[0][1].startswith("workflow_run:  # zizmor: ignore[dangerous-triggers]")
+
+
+def test_zizmor_catches_the_old_pr_workflow(tmp_path) -> None:
+    """The check can fail: a tag-pinned action and a pull request's title pasted
+    into a shell are each a high finding."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text((GH / "nightly.yml").read_text()
+                   .replace("actions/checkout@3d3c42e5aac5ba805825da76410c181273ba90b1  # v7.0.1", "actions/checkout@v4")
+                   .replace('--branch "$DEFAULT_BRANCH"', '--branch "${{ github.event.pull_request.title }}"'))
+    out = _zizmor(bad)
+    assert out.returncode != 0
+    found = {f["ident"] for f in json.loads(out.stdout)}
+    assert {"unpinned-uses", "template-injection"} <= found
