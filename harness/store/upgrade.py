@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from k2bench.errors import UserError
 from k2bench.harness.store import db
@@ -88,8 +89,23 @@ def migrate(write_engine: Engine, explicit: bool = False) -> str | None:
         finally:
             if sqlite:
                 _foreign_keys(conn, on=True)
-    print(f"k2bench: database {url} upgraded from schema revision {rev} to {head}", file=sys.stderr)
     return rev
+
+
+def database_revision(url: str) -> str | None:
+    """The schema revision of the database at url (None: no k2bench tables), read without changing it."""
+    parsed = db.parse_url(url)
+    path = db.sqlite_path(parsed)
+    if path is not None and not path.exists():
+        raise UserError(f"no k2bench database at {path} (a sweep or `k2bench import` creates one)")
+    engine, _ = db.make_engines(parsed, readonly=True)
+    try:
+        with engine.connect() as conn:
+            return db.current_revision(conn)
+    except SQLAlchemyError as exc:
+        raise UserError(f"cannot open database {db.safe_url(parsed)}: {db.first_line(exc)}") from None
+    finally:
+        engine.dispose()
 
 
 def upgrade_database(url: str) -> str | None:
@@ -101,6 +117,8 @@ def upgrade_database(url: str) -> str | None:
     _, engine = db.make_engines(parsed, readonly=False)
     try:
         return migrate(engine, explicit=True)
+    except SQLAlchemyError as exc:
+        raise UserError(f"cannot upgrade database {db.safe_url(parsed)}: {db.first_line(exc)}") from None
     finally:
         engine.dispose()
 
