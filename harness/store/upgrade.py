@@ -11,6 +11,7 @@ SQLite file is copied first (kept beside it); a PostgreSQL database is upgraded 
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 import sys
 from datetime import datetime, timezone
@@ -35,10 +36,15 @@ def newer_error(url: str, rev: str) -> UserError:
 
 
 def _upgrade_hint(url: str) -> str:
-    return f"`{UPGRADE_COMMAND} --db '{url}'`"
+    return f"`{UPGRADE_COMMAND} --db {shlex.quote(url)}`"
 
 
-def check_schema(read_engine: Engine, command: str = "this command") -> None:
+def _pg_dump(engine: Engine, rev: str) -> str:
+    """A backup command for the PostgreSQL database behind engine (connection options left to the user)."""
+    return f"pg_dump --format=custom --file=k2bench-rev{rev}.dump {shlex.quote(engine.url.database or 'DBNAME')}"
+
+
+def check_schema(read_engine: Engine) -> None:
     """For commands that only read: the schema must already be at head; never migrates."""
     head = db.head_revision()
     url = db.safe_url(read_engine.url)
@@ -50,10 +56,13 @@ def check_schema(read_engine: Engine, command: str = "this command") -> None:
         raise UserError(f"database {url} has no k2bench tables (run a sweep or `k2bench import` first)")
     if rev not in db.known_revisions():
         raise newer_error(url, rev)
+    if read_engine.dialect.name == "sqlite":
+        how = f"upgrade it with {_upgrade_hint(url)} (it copies the file first) or a writing command (sweep, import)"
+    else:
+        how = f"back it up (e.g. `{_pg_dump(read_engine, rev)}`), then upgrade it with {_upgrade_hint(url)}"
     raise UserError(
-        f"database {url} has schema revision {rev} and this k2bench needs {head}; {command} only reads and "
-        f"does not upgrade it. Upgrade it with {_upgrade_hint(url)} (a SQLite file is copied first), "
-        "or let a writing command (sweep, import) upgrade it"
+        f"database {url} has schema revision {rev} and this k2bench needs {head}; commands that only read "
+        f"never upgrade a database: {how}"
     )
 
 
@@ -133,7 +142,7 @@ def _before_upgrade(conn: Connection, url: str, rev: str, head: str, explicit: b
         print(f"k2bench: database {path} is at schema revision {rev}; upgrading it to {head}. "
               f"A copy from before the upgrade is kept at {copy}", file=sys.stderr)
         return
-    dump = f"pg_dump --format=custom --file=k2bench-rev{rev}.dump '{conn.engine.url.database}'"
+    dump = _pg_dump(conn.engine, rev)
     if not explicit:
         raise UserError(
             f"database {url} has schema revision {rev} and this k2bench needs {head}. k2bench does not copy a "

@@ -41,7 +41,7 @@ def test_reading_commands_refuse_an_old_database_and_leave_it(path, tmp_path, ar
         assert code == 0 and f"schema revision {rev}, older" in out and "k2bench db upgrade" in out
     else:
         assert code == 2, (out, err)
-        assert f"schema revision {rev}" in err and "only reads" in err and "k2bench db upgrade" in err, err
+        assert f"schema revision {rev}" in err and "only read never upgrade" in err and "k2bench db upgrade" in err, err
         assert err.count("\n") == 1, err
     assert revision_of(url) == rev
     assert stored(url, before) == before

@@ -82,3 +82,20 @@ def test_sqlite_backup_is_the_old_database(tmp_path, rev, capsys):
     assert stored(copy_url, before) == before
     Store.open(url).close()  # at head now: no second copy
     assert len(list(tmp_path.glob("k2bench.db.rev*.bak"))) == 1
+
+
+def test_reading_never_upgrades(url):
+    """A read-only open of an older database refuses and changes nothing; on PostgreSQL it says to back up
+    with pg_dump first, and a read-write open refuses too (PostgreSQL upgrades only through `k2bench db upgrade`)."""
+    from k2bench.errors import UserError
+
+    rev = OLD[-1]
+    build_at(url, rev)
+    before = fill(url)
+    with pytest.raises(UserError, match=f"revision {rev}.*only read never upgrade.*k2bench db upgrade") as info:
+        Store.open(url, readonly=True)
+    assert ("pg_dump" in str(info.value)) == url.startswith("postgresql")
+    if url.startswith("postgresql"):
+        with pytest.raises(UserError, match="does not copy a PostgreSQL database.*pg_dump"):
+            Store.open(url)
+    assert revision_of(url) == rev and stored(url, before) == before
