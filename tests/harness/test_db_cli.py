@@ -113,3 +113,15 @@ def test_foreign_keys_are_back_on_after_an_upgrade(path):
     url, _ = _old_db(path)
     with Store.open(url) as store, store._write() as session:
         assert session.execute(text("PRAGMA foreign_keys")).scalar() == 1
+
+
+def test_a_writing_command_upgrades_after_a_copy(path, tmp_path, capsys):
+    url, before = _old_db(path)
+    assert main(["import", str(FIXTURE), "--db", url]) == 0
+    out, err = capsys.readouterr()
+    (copy,) = tmp_path.glob(f"k2bench.db.rev{OLDEST}-*.bak")
+    assert f"schema revision {OLDEST}; upgrading it to {db.head_revision()}" in err and str(copy) in err
+    assert "imported" in out
+    after = stored(url, before)  # the old rows as they were, the imported run after them
+    assert {name: rows[:len(before[name])] for name, rows in after.items()} == before
+    assert len(after["runs"]) == len(before["runs"]) + 1
