@@ -31,7 +31,7 @@ _PG_LOCK = 7231001  # advisory lock: two processes opening one fresh PostgreSQL 
 def newer_error(url: str, rev: str) -> UserError:
     return UserError(
         f"database {url} has schema revision {rev}, which this k2bench does not know (its newest is "
-        f"{db.head_revision()}): the database was written by a newer k2bench; upgrade k2bench to read it"
+        f"{db.head_revision()}): the database was written by a newer k2bench; upgrade k2bench"
     )
 
 
