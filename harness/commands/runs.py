@@ -110,7 +110,8 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     return table
 
 
-def _open(args, readonly: bool = False):
+def _open(args, readonly: bool):
+    """runs, show and export only read: they never create or upgrade a database (see `k2bench db upgrade`)."""
     from k2bench.harness.store import Store
 
     return Store.open(args.db, readonly=readonly)
@@ -123,7 +124,7 @@ def _runs(args) -> int:
     filters = {k: v for k, v in filters.items() if v is not None}
     if args.limit and args.limit > 0:
         filters["limit"] = args.limit
-    with _open(args) as store:
+    with _open(args, readonly=True) as store:
         runs = store.list_runs(**filters)
     console = table_console()
     if not runs:
@@ -151,7 +152,7 @@ def _show(args) -> int:
 
     from k2bench.harness import schema
 
-    with _open(args) as store:
+    with _open(args, readonly=True) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
     if args.repro:
@@ -201,7 +202,7 @@ def _levels(doc: dict) -> str:
 def _export(args) -> int:
     from k2bench.harness.runjson import write_doc
 
-    with _open(args, readonly=False) as store:
+    with _open(args, readonly=True) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"], include_requests=args.requests)
     write_doc(doc, args.json_path)
@@ -224,7 +225,7 @@ def _import(args) -> int:
         docs = [(", ".join(doc["run"]["extra"]["imported_files"]), doc) for doc in mapped]
     else:
         docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
-    with _open(args) as store:
+    with _open(args, readonly=False) as store:
         if not args.allow_duplicate:
             for path, doc in docs:
                 copy = _stored_copy(store, doc)

@@ -1,4 +1,5 @@
-"""Run store: SQLAlchemy 2 ORM + Alembic migrations (shipped in ./migrations, applied on open).
+"""Run store: SQLAlchemy 2 ORM + Alembic migrations (shipped in ./migrations, applied by read-write opens
+through upgrade.py, which guards them against data loss; read-only opens never upgrade).
 
 See STORE_API in the README ("store" section): Store.open(url), create_run / add_point /
 finish_run / import_run to write; list_runs / get_run / export_run / points_frame /

@@ -1,4 +1,4 @@
-"""Opening a database: URL defaults, SQLite settings, migrations to head.
+"""Opening a database: URL defaults, SQLite settings, schema revisions (upgrades: upgrade.py).
 
 SQLite runs in WAL mode (readers never block the writer) with a busy timeout, and every write
 transaction starts with BEGIN IMMEDIATE: it takes the write lock up front, so two processes
@@ -107,7 +107,7 @@ def first_line(exc: BaseException) -> str:
     return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
-def _alembic_config(connection: Connection | None = None):
+def alembic_config(connection: Connection | None = None):
     """Alembic's configuration: our migrations folder, and the connection env.py should use."""
     from alembic.config import Config
 
@@ -121,7 +121,7 @@ def _alembic_config(connection: Connection | None = None):
 def _scripts():
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(_alembic_config())
+    return ScriptDirectory.from_config(alembic_config())
 
 
 def head_revision() -> str:
@@ -138,33 +138,9 @@ def current_revision(connection: Connection) -> str | None:
     return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def migrate(write_engine: Engine) -> None:
-    """Bring the schema to head in one write transaction (serialised across processes)."""
+def upgrade_to(connection: Connection, revision: str) -> None:
+    """Run the migrations up to ``revision`` on a connection inside its transaction (see upgrade.py for
+    the safeguards around it)."""
     from alembic import command
 
-    head = head_revision()
-    with write_engine.begin() as conn:
-        if conn.dialect.name == "postgresql":  # two processes opening a fresh database at once
-            conn.execute(text("SELECT pg_advisory_xact_lock(7231001)"))
-        rev = current_revision(conn)
-        if rev == head:
-            return
-        if rev is not None and rev not in known_revisions():
-            raise UserError(
-                f"database {safe_url(write_engine.url)} has schema revision {rev}, which this k2bench does not "
-                f"know (its newest is {head}): it was written by a newer k2bench; upgrade k2bench"
-            )
-        command.upgrade(_alembic_config(conn), "head")
-
-
-def check_schema(read_engine: Engine) -> None:
-    """For read-only stores: the schema must already be at head."""
-    head = head_revision()
-    with read_engine.connect() as conn:
-        rev = current_revision(conn)
-    if rev != head:
-        found = "no k2bench tables" if rev is None else f"schema revision {rev}"
-        raise UserError(
-            f"database {safe_url(read_engine.url)} has {found}, this k2bench needs {head}; "
-            "open it once read-write (e.g. `k2bench runs`) to create or migrate it"
-        )
+    command.upgrade(alembic_config(connection), revision)

@@ -21,7 +21,7 @@ from k2bench.errors import UserError
 from k2bench.harness import runjson, schema
 from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.records import RequestRecord
-from k2bench.harness.store import db
+from k2bench.harness.store import db, upgrade
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
@@ -63,7 +63,9 @@ class Store(FramesMixin, CulpritsMixin):
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, url: str | None = None, readonly: bool = False) -> Store:
-        """Open (and, unless readonly, create or migrate to head) the database at url."""
+        """Open the database at url. Read-write: create it, or upgrade its schema to head (store/upgrade.py:
+        a SQLite file is copied first; PostgreSQL only through `k2bench db upgrade`). Read-only: refuse any
+        schema but head, never upgrading."""
         url = url or db.default_db_url()
         parsed = db.parse_url(url)
         path = db.sqlite_path(parsed)
@@ -78,9 +80,9 @@ class Store(FramesMixin, CulpritsMixin):
         read_engine, write_engine = db.make_engines(parsed, readonly)
         try:
             if write_engine is not None:
-                db.migrate(write_engine)
+                upgrade.migrate(write_engine)
             else:
-                db.check_schema(read_engine)
+                upgrade.check_schema(read_engine)
         except BaseException as exc:  # a schema from a newer k2bench (UserError) too: no engine left open
             for e in {read_engine, write_engine} - {None}:
                 e.dispose()

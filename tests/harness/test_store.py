@@ -21,6 +21,7 @@ from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.metrics import summarize_level
 from k2bench.harness.runjson import validate_point
 from k2bench.harness.store import Store, default_db_url
+from k2bench.harness.store.upgrade import upgrade_database
 
 HERE = Path(__file__).parent
 PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
@@ -373,7 +374,8 @@ def test_stamp_codec_round_trips_exactly(stamps):
 
 
 def test_upgrade_from_first_revision_keeps_data(db_url):
-    """A database created by revision 0001 (before runs.writer_start) migrates on open, data intact."""
+    """A database created by revision 0001 (before runs.writer_start) migrates on a read-write open
+    (SQLite) or through `k2bench db upgrade` (PostgreSQL), data intact. Every revision: test_store_migrations."""
     from alembic import command
 
     from k2bench.harness.store import db as dbmod
@@ -382,7 +384,7 @@ def test_upgrade_from_first_revision_keeps_data(db_url):
         Path(db_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        command.upgrade(dbmod._alembic_config(conn), "0001")
+        command.upgrade(dbmod.alembic_config(conn), "0001")
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO runs (id, engine, model, num_gpus, fingerprint, trials, status, started_at, writer_host, "
@@ -391,6 +393,10 @@ def test_upgrade_from_first_revision_keeps_data(db_url):
             "INSERT INTO points (run_id, concurrency, trial, num_prompts, completed, failed, osl_mismatches, "
             "tput_per_gpu) VALUES (7, 64, 0, 640, 640, 0, 0, 1234.5)"))
         assert dbmod.current_revision(conn) == "0001"
+    if not db_url.startswith("sqlite"):
+        with pytest.raises(UserError, match="does not copy a PostgreSQL database.*pg_dump.*k2bench db upgrade"):
+            Store.open(db_url)
+        assert upgrade_database(db_url) == "0001"
     with Store.open(db_url) as s:
         run = s.get_run(7)
         assert (run["engine"], run["model"], run["levels"]) == ("vllm", "old-model", 1)
