@@ -218,6 +218,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     a sweep that measured nothing leaves nothing behind."""
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
+    from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
     events = events or LevelEvents()
@@ -275,6 +276,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
                         result.run_id = store.create_run(meta)
+                        stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
                     store.add_point(result.run_id, point, records)
                     result.points.append(point)
                     if events.level_done:
