@@ -56,8 +56,10 @@ def ahead(store: Store, by: timedelta):
     return lambda s: liveness.store_now(s) + by
 
 
-def test_lease_is_three_beats_and_slack() -> None:
+def test_lease_is_three_beats_and_slack_as_documented() -> None:
     assert liveness.LEASE_S > 3 * liveness.HEARTBEAT_S
+    page = " ".join((Path(__file__).parents[2] / "docs" / "store.md").read_text().split())
+    assert f"every {liveness.HEARTBEAT_S:g} s" in page and f"older than {liveness.LEASE_S:g} s" in page
 
 
 def test_a_run_whose_heartbeat_stopped_reads_partial_from_another_host(store, monkeypatch) -> None:
