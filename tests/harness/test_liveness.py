@@ -237,3 +237,19 @@ def test_a_sweep_beats_while_it_measures(tmp_path, monkeypatch) -> None:
     time.sleep(0.2)  # ten intervals: a thread left running would beat again
     assert result.status == "complete" and count == len(beats) > 0
     assert {rid for rid, _ in beats} == {result.run_id} and {status for _, status in beats} == {"running"}
+
+
+@linux_only
+def test_parent_death_signal_is_asked_for_from_the_main_thread_only() -> None:
+    """The kernel signals when the forking *thread* ends: a server forked from a short-lived thread would
+    be killed with that thread, so there no request is made."""
+    import threading
+
+    from k2bench.harness.pdeathsig import die_with_parent
+
+    assert callable(die_with_parent())
+    from_thread = []
+    worker = threading.Thread(target=lambda: from_thread.append(die_with_parent()))
+    worker.start()
+    worker.join()
+    assert from_thread == [None]
