@@ -15,8 +15,8 @@ k2_paths() {
 # k2_sweep WHO DIR COMMIT BRANCH [ARG...]: run one sweep inside the checkout DIR:
 #   $K2BENCH_SWEEP_CMD (default "k2bench sweep") $K2BENCH_SWEEP_ARGS --commit C --branch B --db $DB ARG...
 # A sweep whose levels were all measured goes on even when some level is invalid (its exit 1): the
-# gate reports such a level as `invalid`. Any other failure exits the script with 3 (never 1: to the PR
-# gate 1 means a regression).
+# gate reports such a level as `invalid`. Any other exit (2 bad input, 3 server, 70 a crash in k2bench,
+# 130 interrupted) exits the script with 3 (never 1: to the PR gate 1 means a regression).
 k2_sweep() {
   local who=$1 dir=$2 commit=$3 branch=$4 rc=0
   shift 4

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from k2bench import __version__
 from k2bench.errors import UserError
+from k2bench.harness.crash import report_crash
 
 # Order is the order shown in --help. Each module registers its own subcommands.
 COMMAND_MODULES = (
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("k2bench: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: its own exit code, never 1 (1 is "a level was stored invalid")
+        return report_crash(exc, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import recipes
+from k2bench.harness import pdeathsig, recipes
 from k2bench.net import free_port, normalize_base_url
 
 MODELS_ENV = "K2BENCH_MODELS"  # overrides the folder of cached models (tests share one trained model)
@@ -121,7 +121,8 @@ class Server:
         try:
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.cwd)
+                                         start_new_session=True, cwd=self.cwd,
+                                         preexec_fn=pdeathsig.die_with_parent())  # dies with a SIGKILLed sweep
         except OSError as exc:
             raise ServerError(f"cannot start {self.name} ({self.argv[0]}): {exc.strerror or exc}") from None
         finally:

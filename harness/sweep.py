@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import estimate, launch, provenance, repro
+from k2bench.harness import crash, estimate, launch, provenance, repro
 from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
@@ -124,10 +124,12 @@ EXIT_OK = 0  # every level valid
 EXIT_INVALID = 1  # some level stored invalid (its reason is kept with it)
 EXIT_USAGE = 2  # bad input: nothing was measured
 EXIT_SERVER = 3  # the server died, stopped answering, or could not be used
+EXIT_CRASH = crash.EXIT_CRASH  # an internal error (a bug): one line on stderr, the traceback in a file
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the finished levels are kept
 EXIT_CODES = ((EXIT_OK, "every level valid"), (EXIT_INVALID, "some level invalid (stored with its reason)"),
               (EXIT_USAGE, "bad input; nothing measured"),
               (EXIT_SERVER, "server problem (died, stopped answering, unusable answers); finished levels kept"),
+              (EXIT_CRASH, "internal error (a bug; traceback saved to a file); finished levels kept"),
               (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM); finished levels kept"))
 
 
@@ -216,6 +218,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     a sweep that measured nothing leaves nothing behind."""
     from k2bench.harness.metrics import summarize_level
     from k2bench.harness.store import Store
+    from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
     events = events or LevelEvents()
@@ -273,6 +276,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
                         result.run_id = store.create_run(meta)
+                        stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
                     store.add_point(result.run_id, point, records)
                     result.points.append(point)
                     if events.level_done:

@@ -53,6 +53,7 @@ class Run(Base):
         Column("writer_pid", Integer),
         Column("writer_start", BigInteger),  # process start, clock ticks since boot
         Column("updated_at", DateTime),
+        Column("heartbeat_at", DateTime),  # the writer's last sign of life, on the store's clock (liveness)
     )
 
 

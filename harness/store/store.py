@@ -25,7 +25,7 @@ from k2bench.harness.store import db, upgrade
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
-from k2bench.harness.store.liveness import current_writer, writer_alive
+from k2bench.harness.store.liveness import current_writer, heartbeat_expired, store_now, writer_alive
 from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run
 
 RUN_FIELD_NAMES = frozenset(s.name for s in schema.RUN)
@@ -43,10 +43,15 @@ def _to_db_time(text: str | None) -> datetime | None:
     return schema.parse_time(text).replace(tzinfo=None)
 
 
-def effective_status(run: Run) -> str:
-    """The stored status, except that a "running" run whose writer process is known to be gone
-    (same host, that process no longer exists) reads as "partial": it was killed before finish_run."""
-    if run.status == "running" and not writer_alive(run.writer_host, run.writer_pid, run.writer_start):
+def effective_status(run: Run, now: datetime | None = None) -> str:
+    """The stored status, except that a "running" run whose writer is known to be gone reads as
+    "partial": it was killed before finish_run. Gone: on this host, its process no longer exists; from
+    any host, its heartbeat is older than the lease at ``now`` (the store's clock; None: not judged)."""
+    if run.status != "running":
+        return run.status
+    if not writer_alive(run.writer_host, run.writer_pid, run.writer_start):
+        return "partial"
+    if now is not None and heartbeat_expired(run.heartbeat_at, now):
         return "partial"
     return run.status
 
@@ -59,6 +64,7 @@ class Store(FramesMixin, CulpritsMixin):
         self._read = sessionmaker(read_engine, expire_on_commit=False)
         self._write = sessionmaker(write_engine, expire_on_commit=False) if write_engine is not None else None
         self._engines = [e for e in {read_engine, write_engine} if e is not None]
+        self.clock = store_now  # what "now" is for heartbeats; tests move it instead of waiting
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -124,6 +130,7 @@ class Store(FramesMixin, CulpritsMixin):
         with self._writer() as s:
             row = self._new_run(run)
             row.writer_host, row.writer_pid, row.writer_start = current_writer()
+            row.heartbeat_at = self.clock(s)
             s.add(row)
             s.flush()
             return row.id
@@ -157,6 +164,12 @@ class Store(FramesMixin, CulpritsMixin):
         values = schema.to_columns(schema.POINT, p)
         values.update(run_id=run_id, created_at=_utcnow())
         return s.execute(insert(Point).values(**values).returning(Point.id)).scalar_one()
+
+    def beat(self, run_id: int) -> None:
+        """Refresh a running run's heartbeat (store/heartbeat.py calls this from its thread)."""
+        with self._writer() as s:
+            s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+                      .values(heartbeat_at=self.clock(s)))
 
     def finish_run(self, run_id: int, status: str) -> None:
         """Mark a run complete, partial (interrupted, finished levels kept) or failed."""
@@ -251,7 +264,7 @@ class Store(FramesMixin, CulpritsMixin):
             run = self._require_run(s, run_id)
             levels, invalid = s.execute(select(func.count(), _INVALID).select_from(Point)
                                         .where(Point.run_id == run.id)).one()
-            return _run_dict(run, levels, invalid or 0)
+            return _run_dict(run, levels, invalid or 0, self.clock(s))
 
     def list_runs(self, **filters) -> list[dict]:
         """Runs newest first. Filters: engine, model, hardware, branch, commit (prefix), fingerprint,
@@ -267,7 +280,8 @@ class Store(FramesMixin, CulpritsMixin):
         if filters.get("limit"):
             q = q.limit(int(filters["limit"]))
         with self._read() as s:
-            return [_run_dict(run, n, bad) for run, n, bad in s.execute(q).all()]
+            now = self.clock(s)
+            return [_run_dict(run, n, bad, now) for run, n, bad in s.execute(q).all()]
 
     def export_run(self, run_id: int, include_requests: bool = False) -> dict:
         """The run as a k2bench.run document (points ordered by concurrency, trial)."""
@@ -335,11 +349,11 @@ def _apply_run_filters(q, filters: dict):
     return q
 
 
-def _run_dict(run: Run, levels: int, invalid: int = 0) -> dict:
+def _run_dict(run: Run, levels: int, invalid: int = 0, now: datetime | None = None) -> dict:
     out: dict = {"id": run.id, **schema.from_columns(schema.RUN, run)}
     out["levels"] = levels
     out["invalid_levels"] = int(invalid)
-    out["effective_status"] = effective_status(run)
+    out["effective_status"] = effective_status(run, now)
     return out
 
 
