@@ -53,6 +53,10 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def vocab_strings(self) -> list[str]:
+        """Every vocabulary entry as the tokenizer stores it (for the server's bytes-per-token bound)."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 

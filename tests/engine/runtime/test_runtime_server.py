@@ -159,15 +159,16 @@ def test_bad_requests_are_openai_400s(server):
     odd = [{"prompt": [[1, 2], [3]]}, {"prompt": "hi", "stop": 5}, {"prompt": "hi", "max_tokens": 10**30},
            {"prompt": "hi", "top_k": 1.5}, {"prompt": "hi", "top_p": 0}, {"prompt": "hi", "ignore_eos": "yes"},
            {"prompt": "hi", "min_tokens": 9, "max_tokens": 2}, {"prompt": "hi", "n": 2}, {"prompt": None},
-           {"prompt": "hi", "stream_options": []}, {"prompt": [-1]}, {"prompt": "hi", "seed": 1.5}]
+           {"prompt": "hi", "stream_options": []}, {"prompt": [-1]}, {"prompt": "hi", "seed": 1.5},
+           {"prompt": "hi", "seed": 2**70}]
     for body in odd:
         req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=5)
         assert err.value.code == 400, body
-    # accepted oddities must not hurt the engine either: huge seeds, tiny temperatures
-    for seed, temp in ((2**70, 0.7), (-5, 0.7), (None, 1e-9)):
+    # accepted oddities must not hurt the engine either: int64-extreme seeds, tiny temperatures
+    for seed, temp in ((2**63 - 1, 0.7), (-(2**63), 0.7), (-5, 0.7), (None, 1e-9)):
         r = c.completions.create(model="tiny", prompt="hi", max_tokens=3, seed=seed, temperature=temp,
                                  extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3
