@@ -87,15 +87,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _loopback(host: str) -> bool:
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The line `k2bench serve` prints when it listens beyond this machine with no key (never the key)."""
     import ipaddress
 
-    if host == "localhost":
-        return True
+    if api_key:
+        return None
     try:
-        return ipaddress.ip_address(host).is_loopback
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: it may resolve to anything
-        return False
+        local = False
+    if local:
+        return None
+    return (f"k2bench serve: warning: listening on {host} without an API key: anyone who can reach this port can "
+            "use the model (set K2BENCH_API_KEY or --api-key)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,9 +150,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     name = args.served_model_name or model.resolve().name
     api_key = args.api_key or os.environ.get("K2BENCH_API_KEY") or None
-    if api_key is None and not _loopback(args.host):
-        print(f"k2bench serve: warning: listening on {args.host} without an API key: anyone who can reach this "
-              "port can use the model (set K2BENCH_API_KEY or --api-key)", file=sys.stderr, flush=True)
+    warning = exposure_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
