@@ -165,17 +165,22 @@ class OpenAIServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         if "messages" in body:
-            ids = await self._off_loop(self._encode_chat, parse_messages(body))
+            ids = await self._off_loop(self._chat_ids, body)
         else:
             ids = await self._off_loop(self._prompt_ids, body)
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.engine.config.max_model_len})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
+        return web.json_response({"prompt": await self._off_loop(self._decode, body)})
+
+    def _decode(self, body: dict) -> str:
         ids = parse_prompt({"prompt": body.get("tokens")}, self.vocab_size)
         if isinstance(ids, str):
             raise RequestError("'tokens' must be a list of token ids", "tokens")
-        return web.json_response({"prompt": self._need_tok().decode(ids, skip_special=False)})
+        if len(ids) > self.engine.config.max_model_len:
+            raise RequestError(f"'tokens' has {len(ids)} ids, more than this server's max_model_len", "tokens")
+        return self._need_tok().decode(ids, skip_special=False)
 
     # ---- generation ---------------------------------------------------------------------------
     async def _json(self, request: web.Request) -> dict:
@@ -224,8 +229,9 @@ class OpenAIServer:
         prompt = parse_prompt(body, self.vocab_size)
         return self._encode(prompt, _special(body)) if isinstance(prompt, str) else prompt
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
-        return self._encode(self._need_tok().apply_chat_template(messages), add_special=False)
+    def _chat_ids(self, body: dict) -> list[int]:
+        text = self._need_tok().apply_chat_template(parse_messages(body))
+        return self._encode(text, add_special=False)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
@@ -236,7 +242,7 @@ class OpenAIServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         req = parse_common(body, self.names, default_max_tokens=None, vocab_size=self.vocab_size)
-        ids = await self._off_loop(self._encode_chat, parse_messages(body))
+        ids = await self._off_loop(self._chat_ids, body)
         return await self._generate(request, ids, req, chat=True)
 
     async def _generate(self, request: web.Request, ids: list[int], req, chat: bool) -> web.StreamResponse:

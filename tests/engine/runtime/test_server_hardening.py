@@ -225,3 +225,16 @@ def test_connections_past_the_cap_get_a_503_and_the_cap_frees_as_they_close(tp1)
         except urllib.error.HTTPError as err:
             assert err.code == 503 and time.monotonic() < deadline
             time.sleep(0.2)
+
+
+def test_tokenize_and_detokenize_keep_the_same_limits(tp1):
+    code, got = post(tp1.url, json.dumps({"prompt": "Hello, how are you"}), path="/tokenize")
+    assert code == 200 and got["count"] == len(got["tokens"]) > 0
+    code, back = post(tp1.url, json.dumps({"tokens": got["tokens"]}), path="/detokenize")
+    assert code == 200 and back["prompt"] == "Hello, how are you"
+    code, chat = post(tp1.url, json.dumps({"messages": [{"role": "user", "content": "hi"}]}), path="/tokenize")
+    assert code == 200 and chat["count"] > 1
+    for path, body in (("/tokenize", {"prompt": "x " * 5_000_000}), ("/detokenize", {"tokens": [1] * 5000}),
+                       ("/tokenize", {"messages": [{"role": "user", "content": "x " * 5_000_000}]})):
+        code, answer = post(tp1.url, json.dumps(body), path=path)
+        assert code == 400, (path, answer)
