@@ -238,3 +238,14 @@ def test_tokenize_and_detokenize_keep_the_same_limits(tp1):
                        ("/tokenize", {"messages": [{"role": "user", "content": "x " * 5_000_000}]})):
         code, answer = post(tp1.url, json.dumps(body), path=path)
         assert code == 400, (path, answer)
+
+
+@pytest.mark.parametrize("flag,value", [("--request-timeout", "0"), ("--max-connections", "0"),
+                                        ("--max-request-bytes", "10")])
+def test_bad_limit_flags_are_user_errors(tiny, flag, value):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "serve", "--model", str(tiny), flag, value],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and flag in r.stderr and "Traceback" not in r.stderr
