@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 TIMEOUT = 2.0  # --request-timeout of the test servers
 CAP = 12  # --max-connections of the TP 1 server
-STREAM_TOKENS = 300
+STREAM_TOKENS = 300  # outlasts the hostile requests (checked through /metrics, not assumed)
 
 # Each must be a 4xx, and none may touch a stream in flight. Strings are sent as raw JSON bodies.
 HOSTILE: list[dict | str] = [
