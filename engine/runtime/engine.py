@@ -13,13 +13,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k2bench.engine.runtime.runner import ModelRunner
-from k2bench.engine.runtime.scheduler import Scheduler
+from k2bench.engine.runtime.sampling import sample
+from k2bench.engine.runtime.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from k2bench.engine.runtime.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+
+class RanksOutOfStep(RuntimeError):
+    """Rank 0 failed where tensor-parallel workers may already be inside a collective: not recoverable."""
 
 
 @dataclass
@@ -40,6 +45,7 @@ class LLMEngine:
         self.comm = comm  # tensor-parallel broadcaster (rank 0), or None
         self.stats = EngineStats()
         self.idle_step = False  # the last step found nothing it could schedule
+        self.failed: list[tuple[Sequence, str]] = []  # the last step's aborted requests and why
 
     @property
     def config(self):
@@ -88,7 +94,14 @@ class LLMEngine:
         """Run one batch; return the sequences that got a token (check `is_finished`).
 
         `on_launch` runs once the batch is on its way (queued on the GPU: CUDA kernels and graph replays
-        return before they finish), while the step waits for its tokens."""
+        return before they finish), while the step waits for its tokens.
+
+        A failure is contained to the requests it concerns: those end in `self.failed` (aborted, with the
+        reason) and the engine keeps serving. Building the inputs and sampling happen on rank 0 alone, so a
+        failure there leaves tensor-parallel workers in step; sampling is retried row by row so that one bad
+        row fails only its own request. A forward pass that fails under tensor parallelism raises
+        `RanksOutOfStep`: the workers may be waiting in a collective rank 0 never joined."""
+        self.failed = []
         t0 = time.monotonic()
         sched = self.scheduler.schedule(t0)
         for seq in sched.preempted:
@@ -99,13 +112,25 @@ class LLMEngine:
         for s in sched.seqs:
             if s.start == 0 and s.seq.num_preemptions == 0:
                 self.stats.prompt_tokens += s.seq.num_prompt_tokens
-        inp = self.runner.prepare(sched)
+        try:
+            inp = self.runner.prepare(sched)
+        except Exception as exc:
+            log.exception("building a step's inputs failed; its requests are aborted")
+            self._fail([s.seq for s in sched.seqs], exc)
+            return []
         if self.comm is not None:
             self.comm.broadcast_step(inp)
-        logits = self.runner.execute(inp)
+        try:
+            logits = self.runner.execute(inp)
+        except Exception as exc:
+            if self.comm is not None:
+                raise RanksOutOfStep(f"the forward pass failed on rank 0: {exc}") from exc
+            log.exception("a forward pass failed; its requests are aborted")
+            self._fail([s.seq for s in sched.seqs], exc)
+            return []
         if on_launch is not None:
             on_launch()
-        tokens = self.runner.sample(logits, sched)
+        sched, tokens = self._sample(logits, sched)
         updated = self.scheduler.postprocess(sched, tokens)
         for seq in updated:
             if seq.is_finished:
@@ -120,6 +145,33 @@ class LLMEngine:
         st.computed_tokens += sched.num_tokens
         st.generation_tokens += len(updated)
         return updated
+
+    def _sample(self, logits, sched: SchedulerOutput) -> tuple[SchedulerOutput, list[int]]:
+        """The batch's tokens; if the batch fails, row by row, and the rows that still fail are aborted
+        and dropped from the step (their KV writes are simply never read)."""
+        try:
+            return sched, self.runner.sample(logits, sched)
+        except Exception:
+            log.exception("sampling a batch failed; retrying row by row")
+        keep: list[ScheduledSeq] = []
+        tokens: list[int] = []
+        row = 0
+        for s in sched.seqs:
+            if not s.samples:
+                keep.append(s)
+                continue
+            try:
+                tokens.extend(sample(logits[row : row + 1], [s.seq]))
+                keep.append(s)
+            except Exception as exc:
+                self._fail([s.seq], exc)
+            row += 1
+        return replace(sched, seqs=keep), tokens
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
+        for seq in seqs:
+            self.abort(seq)
+            self.failed.append((seq, f"engine step failed: {exc}"))
 
     def generate(self, seqs: list[Sequence]) -> list[Sequence]:
         """Run the given sequences to completion (offline use and tests)."""
@@ -139,14 +191,17 @@ class Event:
     token: int | None  # None: no token (error or abort)
     finish_reason: str | None
     error: str | None = None
+    status: int = 500  # the HTTP status of an error: 400 for a request the engine refuses
 
 
 class AsyncEngine:
     """Runs LLMEngine.step in a thread; each request gets its events on an asyncio.Queue."""
 
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+                 on_fatal: Callable[[str], None] | None = None):
         self.engine = engine
         self.loop = loop
+        self.on_fatal = on_fatal  # called on the event loop when the engine cannot go on (the server exits)
         self._cv = threading.Condition()
         self._inbox: deque[tuple] = deque()
         self._sinks: dict[int, asyncio.Queue] = {}
@@ -229,7 +284,7 @@ class AsyncEngine:
                     else:
                         eng.finish(seq, cmd[2])
                 except Exception as exc:  # a request the engine refuses must not stop the loop
-                    events.append((seq.seq_id, Event(None, "error", str(exc))))
+                    events.append((seq.seq_id, Event(None, "error", str(exc), status=400)))
             if events:  # refusals go out at once
                 self.loop.call_soon_threadsafe(self._dispatch, events)
                 events = []
@@ -238,17 +293,27 @@ class AsyncEngine:
                     updated = eng.step(on_launch=held.send)
                 except Exception as exc:
                     log.exception("engine step failed")
-                    if eng.comm is not None:  # tensor-parallel ranks may now be out of step: stop serving
-                        self.fatal = f"engine step failed: {exc}"
                     held.send()
                     events.extend(self._fail_all(f"engine step failed: {exc}"))
+                    if eng.comm is not None:  # tensor-parallel ranks may be out of step: no further step
+                        self._give_up(f"engine step failed: {exc}", events)
+                        return
                     updated = []
+                # requests the step failed (the others in it go on)
+                events.extend((seq.seq_id, Event(None, "error", msg)) for seq, msg in getattr(eng, "failed", ()))
                 held.send()  # a step that launched nothing (none schedulable) sends them here
                 held.events = [(seq.seq_id, Event(seq.token_ids[-1], seq.finish_reason)) for seq in updated]
                 if eng.idle_step:
                     time.sleep(0.001)  # work exists but none is schedulable yet: do not spin
             if events:
                 self.loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _give_up(self, msg: str, events: list[tuple[int, Event]]) -> None:
+        """Fail every request and hand the server a reason to exit, rather than answer 503 for ever."""
+        self.fatal = msg
+        self.loop.call_soon_threadsafe(self._dispatch, events)
+        if self.on_fatal is not None:
+            self.loop.call_soon_threadsafe(self.on_fatal, msg)
 
     def _fail_all(self, msg: str) -> list[tuple[int, Event]]:
         sch = self.engine.scheduler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from k2bench.engine.runtime.sequence import SamplingParams
@@ -38,8 +39,8 @@ def _num(body: dict, name: str, default: float, lo: float, hi: float, lo_open: b
     v = body.get(name)
     if v is None:
         return default
-    if not _is_num(v):
-        raise RequestError(f"'{name}' must be a number, got {type(v).__name__}", name)
+    if not _is_num(v) or not math.isfinite(v):  # NaN compares false with every bound
+        raise RequestError(f"'{name}' must be a finite number, got {v!r}", name)
     if v < lo or v > hi or (lo_open and v == lo):
         raise RequestError(f"'{name}' = {v} is out of range {'(' if lo_open else '['}{lo}, {hi}]", name)
     return float(v)
@@ -54,6 +55,16 @@ def _bool(body: dict, name: str, default: bool) -> bool:
     return v
 
 
+# Ranges that reach the engine's tensors: an int64 seed, an int32-sized top_k, bounded stop lists.
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)
+TOP_K_MAX = (1 << 31) - 1
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+# Sampling knobs this engine does not implement, with the value that means "off".
+_NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "typical_p": 1.0}
+
+
 @dataclass
 class ParsedRequest:
     params: SamplingParams
@@ -63,7 +74,10 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
 
 
-def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: int | None) -> ParsedRequest:
+def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: int | None,
+                 vocab_size: int | None = None) -> ParsedRequest:
+    """Every sampling field checked against the range the engine can honour, so that nothing a client
+    sends can make a batched step fail (one bad row would fail every request in that step)."""
     model = body.get("model")
     if model is not None and model not in served_names:
         raise RequestError(f"the model '{model}' does not exist; this server serves {', '.join(served_names)}",
@@ -76,6 +90,9 @@ def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: 
         v = body.get(name)
         if v not in (None, False, 0, {}, []):
             raise RequestError(f"'{name}' is not supported by this server", name)
+    for name, neutral in _NEUTRAL.items():
+        if _num(body, name, neutral, -1e9, 1e9) != neutral:
+            raise RequestError(f"'{name}' is not supported by this server (only {neutral:g})", name)
     max_tokens = _int(body, "max_completion_tokens", None, 1)
     max_tokens = _int(body, "max_tokens", max_tokens, 1) if max_tokens is None else max_tokens
     if max_tokens is None:
@@ -83,10 +100,10 @@ def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: 
     min_tokens = _int(body, "min_tokens", 0, 0)
     if max_tokens is not None and min_tokens > max_tokens:
         raise RequestError(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
-    top_k = _int(body, "top_k", 0, -1)
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise RequestError("'seed' must be an integer", "seed")
+    top_k = _int(body, "top_k", 0, -1, TOP_K_MAX)
+    if top_k <= 0 or (vocab_size is not None and top_k >= vocab_size):
+        top_k = 0  # off: every token is a candidate
+    seed = _int(body, "seed", None, *SEED_RANGE)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -94,10 +111,17 @@ def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: 
         stop = [stop]
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise RequestError("'stop' must be a string or a list of strings", "stop")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise RequestError(f"'stop': at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters", "stop")
     stop = [s for s in stop if s]
-    stop_ids = body.get("stop_token_ids") or []
+    stop_ids = body.get("stop_token_ids")
+    stop_ids = [] if stop_ids is None else stop_ids
     if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
         raise RequestError("'stop_token_ids' must be a list of integers", "stop_token_ids")
+    hi = vocab_size if vocab_size is not None else 1 << 31
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS or any(not 0 <= t < hi for t in stop_ids):
+        raise RequestError(f"'stop_token_ids': at most {MAX_STOP_TOKEN_IDS} ids, each in 0..{hi - 1}",
+                           "stop_token_ids")
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -106,7 +130,7 @@ def parse_common(body: dict, served_names: tuple[str, ...], default_max_tokens: 
     params = SamplingParams(
         temperature=_num(body, "temperature", 1.0, 0.0, 100.0),
         top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=top_k if top_k > 0 else 0,
+        top_k=top_k,
         seed=seed,
         max_tokens=max_tokens or 0,
         min_tokens=min_tokens,

@@ -61,6 +61,7 @@ class Scheduler:
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        seq.params.check()
         total = seq.num_prompt_tokens + seq.params.max_tokens
         if seq.num_prompt_tokens < 1:
             raise ValueError("empty prompt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,20 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+
+    def check(self) -> None:
+        """Raise ValueError for values the sampler's tensors cannot hold (the server's parser refuses
+        them first; this keeps the engine safe for any other caller)."""
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature!r} must be a finite number >= 0")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p {self.top_p!r} must be in (0, 1]")
+        if not -1 <= self.top_k < 1 << 31:
+            raise ValueError(f"top_k {self.top_k!r} must be -1, 0 (off) or a positive int32")
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 63:
+            raise ValueError(f"seed {self.seed!r} must fit in 64 signed bits")
+        if self.min_tokens < 0 or self.max_tokens < 0:
+            raise ValueError("min_tokens and max_tokens must be >= 0")
 
     @property
     def greedy(self) -> bool:

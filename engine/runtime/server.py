@@ -8,10 +8,12 @@ request whose client goes away is aborted, which frees its KV blocks at the engi
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -25,6 +27,7 @@ from k2bench.engine.runtime.protocol import (
     parse_prompt,
 )
 from k2bench.engine.runtime.sequence import Sequence
+from k2bench.engine.runtime.server_limits import ConnectionGuard, ServerLimits, longest_token_bytes
 from k2bench.engine.runtime.tokenizer import Detokenizer, Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,24 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+class EngineFailed(RuntimeError):
+    """The engine cannot take another step (tensor-parallel ranks out of step): the server exits."""
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _loads(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)  # NaN and Infinity are not JSON
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
 def error_response(message: str, status: int = 400, param: str | None = None, code: str | None = None,
                    etype: str = "invalid_request_error") -> web.Response:
     body = {"error": {"message": message, "type": etype, "param": param, "code": code}}
@@ -47,7 +68,7 @@ def error_response(message: str, status: int = 400, param: str | None = None, co
 
 class OpenAIServer:
     def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None, served_name: str,
-                 api_key: str | None = None, root: str | None = None):
+                 api_key: str | None = None, root: str | None = None, limits: ServerLimits | None = None):
         self.engine = engine
         self.tok = tokenizer
         self.names = (served_name,)
@@ -58,10 +79,17 @@ class OpenAIServer:
         self.created = int(time.time())
         self.vocab_size = getattr(engine, "model_config", None) and engine.model_config.vocab_size or (
             tokenizer.vocab_size if tokenizer else 1 << 31)
+        self.limits = limits or ServerLimits()
+        self.token_bytes = longest_token_bytes(tokenizer)
+        self.max_body = self.limits.body_limit(engine.config.max_model_len, self.token_bytes)
+        self.guard: ConnectionGuard | None = None  # set by `serve` once the listening socket exists
+        self.on_fatal = None  # set by `serve`: the engine cannot go on
+        # JSON parsing and tokenising off the event loop (so /health answers meanwhile), two at a time
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="k2bench-tokenize")
 
     # ---- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=64 << 20)
+        app = web.Application(middlewares=[self._guard], client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/models", self.models)
@@ -74,7 +102,7 @@ class OpenAIServer:
         return app
 
     async def _start(self, app) -> None:
-        self.async_engine = AsyncEngine(self.engine, asyncio.get_running_loop())
+        self.async_engine = AsyncEngine(self.engine, asyncio.get_running_loop(), on_fatal=self._fatal)
         self.async_engine.start()
         # the port opens (and the server says it is ready) once the engine thread has warmed up
         await asyncio.get_running_loop().run_in_executor(None, self.async_engine.warmed.wait)
@@ -82,17 +110,27 @@ class OpenAIServer:
     async def _stop(self, app) -> None:
         if self.async_engine is not None:
             self.async_engine.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _fatal(self, message: str) -> None:
+        if self.on_fatal is not None:
+            self.on_fatal(message)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
         if self.api_key and request.path not in ("/health",):
-            if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+            sent = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(sent, f"Bearer {self.api_key}".encode()):
                 return error_response("invalid or missing API key", 401, code="invalid_api_key",
                                       etype="authentication_error")
+        conn = self.guard.started(request.transport) if self.guard is not None else None
         try:
             return await handler(request)
         except RequestError as exc:
-            return error_response(str(exc), exc.status, exc.param, exc.code)
+            resp = error_response(str(exc), exc.status, exc.param, exc.code)
+            if exc.status in (408, 413):  # the rest of the body is not worth waiting for
+                resp.force_close()
+            return resp
         except TokenizerError as exc:
             return error_response(str(exc), 400)
         except web.HTTPException:
@@ -102,6 +140,9 @@ class OpenAIServer:
         except Exception as exc:  # the server must survive anything a request does
             log.exception("request failed")
             return error_response(f"internal error: {exc}", 500, etype="server_error")
+        finally:
+            if conn is not None:
+                conn.request_done()
 
     # ---- simple endpoints ---------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -124,28 +165,45 @@ class OpenAIServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         if "messages" in body:
-            ids = self._encode_chat(parse_messages(body))
+            ids = await self._off_loop(self._chat_ids, body)
         else:
-            ids = parse_prompt(body, self.vocab_size)
-            ids = self._encode(ids, _special(body)) if isinstance(ids, str) else ids
+            ids = await self._off_loop(self._prompt_ids, body)
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.engine.config.max_model_len})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
+        return web.json_response({"prompt": await self._off_loop(self._decode, body)})
+
+    def _decode(self, body: dict) -> str:
         ids = parse_prompt({"prompt": body.get("tokens")}, self.vocab_size)
         if isinstance(ids, str):
             raise RequestError("'tokens' must be a list of token ids", "tokens")
-        return web.json_response({"prompt": self._need_tok().decode(ids, skip_special=False)})
+        if len(ids) > self.engine.config.max_model_len:
+            raise RequestError(f"'tokens' has {len(ids)} ids, more than this server's max_model_len", "tokens")
+        return self._need_tok().decode(ids, skip_special=False)
 
     # ---- generation ---------------------------------------------------------------------------
     async def _json(self, request: web.Request) -> dict:
+        """The body, read within the request deadline and within the size limit, parsed off the loop."""
+        t = self.limits.request_timeout
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise self._too_large()
         try:
-            body = await request.json(loads=json.loads)
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-            raise RequestError("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        return body
+            raw = await asyncio.wait_for(request.read(), t)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request body did not arrive within {t:g} s", status=408,
+                               code="request_timeout") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise self._too_large() from None
+        return await self._off_loop(_loads, raw)
+
+    def _too_large(self) -> RequestError:
+        return RequestError(f"the request body exceeds this server's limit of {self.max_body} bytes "
+                            f"(max_model_len {self.engine.config.max_model_len} tokens)", status=413,
+                            code="request_too_large")
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _need_tok(self) -> Tokenizer:
         if self.tok is None:
@@ -153,28 +211,46 @@ class OpenAIServer:
         return self.tok
 
     def _encode(self, text: str, add_special: bool = True) -> list[int]:
-        return self._need_tok().encode(text, add_special)
+        """Refuses a text too long to fit before spending time on it: no token covers more than
+        `token_bytes` bytes, so a longer text has more than max_model_len tokens."""
+        max_len = self.engine.config.max_model_len
+        n = len(text.encode("utf-8", "surrogatepass"))
+        if n > max_len * self.token_bytes:
+            raise RequestError(f"the prompt has {n} bytes, more than this server's max_model_len {max_len} tokens "
+                               f"can hold (at most {self.token_bytes} bytes per token)", "prompt",
+                               "context_length_exceeded")
+        ids = self._need_tok().encode(text, add_special)
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:  # a tokenizer larger than the model's embedding
+            raise RequestError(f"the prompt encodes to token id {bad}, outside the model's vocabulary", "prompt")
+        return ids
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
-        tok = self._need_tok()
-        return tok.encode(tok.apply_chat_template(messages), add_special=False)
+    def _prompt_ids(self, body: dict) -> list[int]:
+        prompt = parse_prompt(body, self.vocab_size)
+        return self._encode(prompt, _special(body)) if isinstance(prompt, str) else prompt
+
+    def _chat_ids(self, body: dict) -> list[int]:
+        text = self._need_tok().apply_chat_template(parse_messages(body))
+        return self._encode(text, add_special=False)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = parse_common(body, self.names, default_max_tokens=16)
-        prompt = parse_prompt(body, self.vocab_size)
-        ids = self._encode(prompt, _special(body)) if isinstance(prompt, str) else prompt
+        req = parse_common(body, self.names, default_max_tokens=16, vocab_size=self.vocab_size)
+        ids = await self._off_loop(self._prompt_ids, body)
         return await self._generate(request, ids, req, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = parse_common(body, self.names, default_max_tokens=None)
-        ids = self._encode_chat(parse_messages(body))
+        req = parse_common(body, self.names, default_max_tokens=None, vocab_size=self.vocab_size)
+        ids = await self._off_loop(self._chat_ids, body)
         return await self._generate(request, ids, req, chat=True)
 
     async def _generate(self, request: web.Request, ids: list[int], req, chat: bool) -> web.StreamResponse:
         if req.max_tokens is None:
             req.params.max_tokens = max(1, self.engine.config.max_model_len - len(ids))
+            if req.params.min_tokens > req.params.max_tokens:
+                raise RequestError(f"min_tokens ({req.params.min_tokens}) exceeds the room left after the "
+                                   f"prompt ({req.params.max_tokens})", "min_tokens", "context_length_exceeded")
         try:
             self.engine.check(len(ids), req.params.max_tokens)
         except ValueError as exc:
@@ -198,7 +274,8 @@ class OpenAIServer:
                 ev = await queue.get()
                 if ev.error is not None:
                     if stream is None:
-                        return error_response(ev.error, 400 if not self.async_engine.fatal else 500)
+                        return error_response(ev.error, ev.status,
+                                              etype="invalid_request_error" if ev.status < 500 else "server_error")
                     await stream.error(ev.error)
                     return stream.resp
                 if ev.token is not None:
@@ -284,15 +361,24 @@ class _Stream:
 
 
 async def serve(engine: LLMEngine, tokenizer: Tokenizer | None, *, host: str, port: int, served_name: str,
-                api_key: str | None = None, root: str | None = None, ready_message: bool = True) -> None:
-    srv = OpenAIServer(engine, tokenizer, served_name, api_key, root)
-    runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+                api_key: str | None = None, root: str | None = None, ready_message: bool = True,
+                limits: ServerLimits | None = None) -> None:
+    """Serve until cancelled; raise EngineFailed when the engine cannot go on (so the process exits
+    instead of answering 503 for ever)."""
+    srv = OpenAIServer(engine, tokenizer, served_name, api_key, root, limits)
+    runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
+                           keepalive_timeout=srv.limits.request_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[str] = loop.create_future()
+    srv.on_fatal = lambda msg: failed.done() or failed.set_result(msg)
+    srv.guard = ConnectionGuard(runner.server, srv.limits)
+    server = await loop.create_server(srv.guard, host, port, reuse_address=True, backlog=128)
     if ready_message:
         print(f"k2bench serve: {served_name} ready on http://{host}:{port}/v1", flush=True)
     try:
-        await asyncio.Event().wait()
+        message = await failed
     finally:
+        server.close()
         await runner.cleanup()
+    raise EngineFailed(message)

@@ -48,10 +48,16 @@ class Tokenizer:
             self._template = env.from_string(template)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not), so a long prompt tokenised in
+        # the server's worker thread does not stall the event loop
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special and self.add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    def vocab_strings(self) -> list[str]:
+        """Every vocabulary entry as the tokenizer stores it (for the server's bytes-per-token bound)."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from k2bench.errors import UserError
 
@@ -15,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     # level: this is the one door from the CLI into the engine), so --help shows the real values.
     from k2bench.engine.kernels import backend_names
     from k2bench.engine.runtime.runtime_config import ALL_REDUCE_MODES, KV_CACHE_DTYPES, RuntimeConfig
+    from k2bench.engine.runtime.server_limits import ServerLimits
 
     rt = RuntimeConfig()
+    lim = ServerLimits()
     p = sub.add_parser("serve", help="serve a Kimi-K2 / DeepSeek-V3 checkpoint with the bundled engine",
                        description="Serve a checkpoint folder with the bundled MXFP4 engine over an "
                                    "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics).")
@@ -25,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: env K2BENCH_API_KEY; none: no key)")
+                   help="require 'Authorization: Bearer KEY' (default: env K2BENCH_API_KEY, which other users "
+                        "of the machine cannot read from the process list; none: no key)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each (default 1)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where the model runs: auto, cpu or cuda (default auto: cuda when visible)")
@@ -70,7 +74,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
                    help="admit new prefills only after the oldest waited factor x the last prefill step "
                         f"(default {rt.scheduler_delay_factor:g}: no delay)")
+    h = p.add_argument_group("limits")
+    h.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a client has to send a whole request (head and body), counted from the "
+                        "connection's opening or the end of its previous request; idle connections are closed "
+                        f"after it too (default {lim.request_timeout:g})")
+    h.add_argument("--max-connections", type=int, default=None,
+                   help=f"open connections at once; more get a 503 (default {lim.max_connections})")
+    h.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request body, else a 413 (default: what the longest prompt --max-model-len "
+                        "allows could take as JSON, plus 1 MiB)")
     p.set_defaults(handler=run)
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The line `k2bench serve` prints when it listens beyond this machine with no key (never the key)."""
+    import ipaddress
+
+    if api_key:
+        return None
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        local = False
+    if local:
+        return None
+    return (f"k2bench serve: warning: listening on {host} without an API key: anyone who can reach this port can "
+            "use the model (set K2BENCH_API_KEY or --api-key)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("k2bench serve needs the engine extra: pip install -e '.[engine]'") from None
     from k2bench.engine.runtime.build import EngineConfigError, EngineOptions, build_engine
     from k2bench.engine.runtime.runtime_config import RuntimeConfig
-    from k2bench.engine.runtime.server import serve
+    from k2bench.engine.runtime.server import EngineFailed, serve
+    from k2bench.engine.runtime.server_limits import ServerLimits
     from k2bench.engine.runtime.tokenizer import Tokenizer, TokenizerError
 
     model = Path(args.model)
@@ -99,8 +130,14 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, f.name, None)
         if v is not None:
             setattr(rt, f.name, v)
+    limits = ServerLimits()
+    for f in fields(ServerLimits):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            setattr(limits, f.name, v)
     try:
         rt.validate()
+        limits.validate()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     logging.getLogger("k2bench.engine").setLevel(logging.INFO)
@@ -113,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     name = args.served_model_name or model.resolve().name
     api_key = args.api_key or os.environ.get("K2BENCH_API_KEY") or None
+    warning = exposure_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -120,12 +160,18 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         await serve(engine, tok, host=args.host, port=args.port, served_name=name, api_key=api_key,
-                    root=str(model.resolve()))
+                    root=str(model.resolve()), limits=limits)
 
     try:
         asyncio.run(main())
     except asyncio.CancelledError:
         pass
+    except EngineFailed as exc:
+        print(f"k2bench serve: {exc}; the tensor-parallel ranks may be out of step, so the server stops",
+              file=sys.stderr, flush=True)
+        if engine.comm is not None:
+            engine.comm.shutdown_hard()  # a worker may sit in a collective rank 0 will never join
+        return 3
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
     finally:

@@ -129,3 +129,31 @@ def test_warm_up_runs_in_the_engine_thread_before_the_first_step():
         assert got == [[(10, None, None), (11, "length", None)]]
         assert log[0] == ("warm_up", "k2bench-engine")
         assert log.index(("warm_up", "k2bench-engine")) < log.index(("launch", 1))
+
+
+def test_a_step_failing_under_tensor_parallelism_fails_every_request_and_tells_the_server_to_exit():
+    """Ranks may be out of step after it: no further step is taken (it could hang in a collective), and the
+    server is told, so that it exits rather than answer 503 for ever."""
+    log: list = []
+    engine = ScriptedEngine(log, fail_at=2)
+    engine.comm = object()  # tensor parallel
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        told: asyncio.Future = loop.create_future()
+        ae = AsyncEngine(engine, loop, on_fatal=told.set_result)
+        ae.start()
+        queues = [ae.submit(Sequence([1, 2, 3], SamplingParams(max_tokens=5))) for _ in range(2)]
+        last = []
+        for q in queues:
+            while (ev := await asyncio.wait_for(q.get(), 10)).finish_reason is None:
+                pass
+            last.append(ev)
+        reason = await asyncio.wait_for(told, 10)
+        ae._thread.join(10)
+        return last, reason, ae
+
+    last, reason, ae = asyncio.run(main())
+    assert all(ev.finish_reason == "error" and "device fault" in ev.error for ev in last)
+    assert "device fault" in reason and ae.fatal == reason
+    assert not ae._thread.is_alive() and engine.steps == 2  # no step after the failed one

@@ -73,3 +73,24 @@ def test_parse_common_defaults_and_limits():
     assert parse_prompt({"prompt": [[1, 2]]}, 10) == [1, 2]
     with pytest.raises(RequestError, match="vocabulary"):
         parse_prompt({"prompt": [1, 10]}, 10)
+
+
+def test_encoding_a_long_text_leaves_other_threads_running(tok):
+    """The server tokenises in a worker thread so that /health keeps answering; that only helps if the
+    tokenizer lets go of the GIL (the `tokenizers` single-text encode holds it for the whole call)."""
+    import threading
+    import time
+
+    text = "hello world " * 40_000
+    span: list[float] = []
+    ticks: list[float] = []
+    worker = threading.Thread(target=lambda: (span.append(time.monotonic()), tok.encode(text),
+                                              span.append(time.monotonic())))
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.monotonic())
+        time.sleep(0.001)
+    start, end = span
+    middle = [t for t in ticks if start + (end - start) / 4 < t < end - (end - start) / 4]
+    assert middle, f"no other thread ran during {end - start:.2f} s of encoding"
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids

@@ -159,15 +159,16 @@ def test_bad_requests_are_openai_400s(server):
     odd = [{"prompt": [[1, 2], [3]]}, {"prompt": "hi", "stop": 5}, {"prompt": "hi", "max_tokens": 10**30},
            {"prompt": "hi", "top_k": 1.5}, {"prompt": "hi", "top_p": 0}, {"prompt": "hi", "ignore_eos": "yes"},
            {"prompt": "hi", "min_tokens": 9, "max_tokens": 2}, {"prompt": "hi", "n": 2}, {"prompt": None},
-           {"prompt": "hi", "stream_options": []}, {"prompt": [-1]}, {"prompt": "hi", "seed": 1.5}]
+           {"prompt": "hi", "stream_options": []}, {"prompt": [-1]}, {"prompt": "hi", "seed": 1.5},
+           {"prompt": "hi", "seed": 2**70}]
     for body in odd:
         req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=5)
         assert err.value.code == 400, body
-    # accepted oddities must not hurt the engine either: huge seeds, tiny temperatures
-    for seed, temp in ((2**70, 0.7), (-5, 0.7), (None, 1e-9)):
+    # accepted oddities must not hurt the engine either: int64-extreme seeds, tiny temperatures
+    for seed, temp in ((2**63 - 1, 0.7), (-(2**63), 0.7), (-5, 0.7), (None, 1e-9)):
         r = c.completions.create(model="tiny", prompt="hi", max_tokens=3, seed=seed, temperature=temp,
                                  extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3
@@ -234,14 +235,30 @@ def test_metrics_count_each_request_and_token_in_prometheus_form(server):
     assert after[p + "num_requests_running"] == 0 and 0 <= after[p + "kv_cache_usage_perc"] <= 1
 
 
-def test_api_key(tiny):
-    s = Server(tiny, "--api-key", "sekrit", "--served-model-name", "tiny")
+def test_api_key_is_required_and_never_printed(tiny):
+    s = Server(tiny, "--api-key", "sekrit-k2", "--served-model-name", "tiny")
     try:
         with pytest.raises(openai.AuthenticationError):
             s.client(api_key="wrong").models.list()
-        assert s.client(api_key="sekrit").models.list().data[0].id == "tiny"
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="sekrit-k").models.list()  # a prefix of the key is not the key
+        assert s.client(api_key="sekrit-k2").models.list().data[0].id == "tiny"
+        with pytest.raises(openai.BadRequestError):
+            s.client(api_key="sekrit-k2").completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                                          extra_body={"top_k": 2**63})
     finally:
-        s.stop()
+        out = s.stop()
+    assert "ready on" in out and "sekrit-k2" not in out
+
+
+def test_binding_beyond_loopback_without_a_key_warns():
+    from k2bench.harness.commands.serve import exposure_warning
+
+    for host in ("0.0.0.0", "::", "10.1.2.3", "myhost.example"):
+        assert "without an API key" in exposure_warning(host, None)
+        assert exposure_warning(host, "k") is None
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert exposure_warning(host, None) is None
 
 
 @pytest.mark.parametrize("tp", [2, 4])
