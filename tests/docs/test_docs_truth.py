@@ -69,6 +69,8 @@ def documents() -> dict[str, str]:
 PATH = re.compile(r"(?<![\w./~$<-])((?:\.?[A-Za-z_][\w.-]*/)+[\w.-]*)")
 # a document named as a reference (not a file a command writes: --out report.md)
 DOC = re.compile(r"(?<![\w/.-])(?<!--out )(?<!--md )(?<!`)(?<!and )([A-Za-z_][\w.-]*\.md)\b")
+# a project document (README.md, DESIGN.md, CHANGELOG.md): named anywhere, in backticks too, it must exist
+PROJECT_DOC = re.compile(r"(?<![\w/.-])([A-Z][A-Z0-9_-]*\.md)\b")
 README_SECTION = re.compile(r"README(?:\.md)?\W{0,3}\(?\s*\"([^\"]+)\"\s*section")
 MODULE = re.compile(r"(?<![\w/.-])(k2bench(?:\.[A-Za-z_]\w*)+)(?![\w/-])")
 SCHEMA = re.compile(r"k2bench\.run/(\d+)")
@@ -157,7 +159,7 @@ def problems(where: str, text: str) -> list[str]:
         found.append(path_problem(name, where))
         if markdown or where.startswith("engine/"):
             found.append(relative_path_problem(name, where))
-    for doc in set(DOC.findall(text)):
+    for doc in set(DOC.findall(text)) | set(PROJECT_DOC.findall(text)):
         if doc not in {Path(f).name for f in tracked()}:
             found.append(f"{where}: names {doc}, a document that is not in the repository")
     for dotted in set(MODULE.findall(text)) - {FORMAT}:
@@ -201,6 +203,7 @@ def test_docs_name_only_what_exists() -> None:
     ("README.md", "`k2bench export` / `import` move runs as `k2bench.run/1` JSON.", "k2bench.run/1"),
     ("README.md", "format: `k2bench.run/3`", "k2bench.run/3"),
     ("harness/x.py", "Definitions (see DESIGN.md \"Metric definitions\")", "DESIGN.md"),
+    ("docs/x.md", "the rules in `STYLE.md`", "STYLE.md"),
     ("README.md", "<!-- tests/docs/test_readme_quickstart.py runs these -->", "test_readme_quickstart.py"),
     ("docs/x.md", "see k2bench.harness.nothere for it", "k2bench.harness.nothere"),
     ("docs/x.md", "see k2bench.harness.schema.NoSuchThing", "NoSuchThing"),
