@@ -253,3 +253,13 @@ def test_readme_and_the_home_page_list_the_same_pages_as_the_site() -> None:
     index_table = index.split("## Where to read on", 1)[1].split("\n## ", 1)[0]
     assert _page_targets(readme_list, "") == nav, "README's page list differs from mkdocs.yml's nav"
     assert _page_targets(index_table, "docs") == nav, "docs/index.md's page table differs from mkdocs.yml's nav"
+
+
+def test_dated_measurement_logs_live_in_the_changelog_only() -> None:
+    """A page states the design and current behaviour; a heading with a date is a log entry, and the
+    log is bench/results/CHANGELOG.md (engine/README.md kept one until 2026-12-02)."""
+    pages = ["README.md", "engine/README.md", *(f for f in tracked() if f.startswith("docs/") and f.endswith(".md"))]
+    dated = [f"{page}: {line}" for page in pages if (ROOT / page).exists()
+             for line in (ROOT / page).read_text(encoding="utf-8").splitlines()
+             if re.match(r"#+ .*\b20\d\d-\d\d-\d\d\b", line)]
+    assert not dated, "dated entries belong in bench/results/CHANGELOG.md:\n  " + "\n  ".join(dated)
