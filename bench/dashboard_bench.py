@@ -1,7 +1,7 @@
 """How long the dashboard's Frontier page takes to get its data and build its figure, at 2,000 runs.
 
-A fresh SQLite database is filled with synthetic runs (k2bench.run/1 documents through
-Store.import_run, summaries only): 4 configurations x 500 commits, 6 levels each (concurrency 4..128),
+A fresh SQLite database is filled with synthetic runs (k2bench.run/1 documents, upgraded on import
+to version 2, through Store.import_run, summaries only): 4 configurations x 500 commits, 6 levels each (concurrency 4..128),
 so 12,000 points. Then, uncached (what a page load costs once the 30 s cache has expired), the steps
 of the Frontier page:
 

@@ -26,7 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--tp", type=int, required=True)
-    ap.add_argument("--run", required=True, type=Path, help="k2bench.run/1 JSON of the sweep")
+    ap.add_argument("--run", required=True, type=Path, help="k2bench.run JSON of the sweep (k2bench export --json)")
     ap.add_argument("--bandwidth-gbs", type=float, required=True, help="measured device memory bandwidth, GB/s")
     ap.add_argument("--kv-bytes", type=int, default=2, help="bytes per cached value (2 = bf16, 1 = fp8)")
     ap.add_argument("--out", type=Path)

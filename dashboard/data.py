@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from k2bench.harness import schema
-from k2bench.harness.catalogue import BY_COLUMN, TABLE_METRICS, over_trials
+from k2bench.harness.catalogue import BY_COLUMN, LEVEL_TABLE_FIELDS, TABLE_METRICS, over_trials
 
 DB_ENV = "K2BENCH_DB"
 
@@ -60,7 +60,7 @@ RUN_COLUMNS = ["run_id", *schema.RUN_SUMMARY_FIELDS, "levels"]
 _TIME_FIELDS = [s.name for s in schema.RUN if s.base == "time"]
 # The run page: metadata rows, then one row per level with these columns.
 META_FIELDS = list(schema.RUN_SUMMARY_FIELDS)
-LEVEL_COLUMNS = ["concurrency", "valid", "completed", "failed", *(f.name for f in schema.LEVEL_TABLE_FIELDS),
+LEVEL_COLUMNS = ["concurrency", "valid", "completed", "failed", *(f.column for f in LEVEL_TABLE_FIELDS),
                  *(m.column for m in TABLE_METRICS), "invalid_reason"]
 
 

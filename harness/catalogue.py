@@ -1,9 +1,12 @@
-"""The metric catalogue: every per-level metric declared once, with what each reader needs.
+"""The metric catalogue: every per-level metric declared once, with what each reader needs, and the
+one home of presentation: labels, units and decimals of every field shown to a user.
 
 Metrics compute it (k2bench.harness.metrics), the gate judges it and the change-point scan
 follows it (analysis), `k2bench show` and the dashboard print and plot it. Each of them reads
 label, unit, direction, display decimals and the per-request sample from here, so a metric is
-never described twice.
+never described twice. The stored fields that are not metrics (a level's concurrency, duration,
+failures; a run's start) are shown with the headers and decimals of ``FIELDS``; the schema
+(k2bench.harness.schema) declares their types, checks and columns and says nothing of how they look.
 
 Repeated trials of one level (``sweep --trials K``) are reduced to one value per run with the
 **median**, everywhere (``over_trials``). The median keeps one disturbed trial (a noisy
@@ -55,6 +58,47 @@ class Metric:
 
     def format(self, value) -> str:
         return "-" if value is None else f"{value:,.{self.decimals}f}"
+
+
+@dataclass(frozen=True)
+class Field:
+    """How a stored field that is not a metric is shown (a level's duration, a run's start, ...)."""
+
+    column: str  # the field's column (Store.points_frame or a run column)
+    short: str  # table header
+    label: str  # long, for tooltips
+    unit: str = ""
+    decimals: int = 0  # numbers: places shown in tables
+
+    @property
+    def header(self) -> str:
+        return self.short if not self.unit or self.unit in self.short else f"{self.short} {self.unit}"
+
+    def format(self, value) -> str:
+        return "-" if value is None else f"{value:,.{self.decimals}f}"
+
+
+# Every non-metric field a table shows. Per-level tables (`k2bench show`, a sweep's end, the dashboard's
+# run page) show the LEVEL_TABLE_FIELDS as number columns beside the TABLE_METRICS.
+FIELDS: dict[str, Field] = {f.column: f for f in (
+    Field("concurrency", "conc", "Concurrency (requests in flight)"),
+    Field("trial", "trial", "Repeat of the level"),
+    Field("duration_s", "duration", "Duration: first send to last finish (s)", "s", decimals=1),
+    Field("failed", "failed", "Failed requests (of those measured)"),
+    Field("osl_mismatches", "OSL mismatches", "Requests whose output length differed from the OSL asked for"),
+    Field("valid", "valid", "The level counts (frontiers, the gate and change points)"),
+    Field("invalid_reason", "why invalid", "Why the level does not count"),
+    Field("config", "configuration", "Engine, model, hardware, GPUs and workload"),
+    Field("run_id", "run", "Run id"),
+    Field("started_at", "started (UTC)", "Start of the run, UTC"),
+    Field("p_value", "p-value", "p-value of the comparison"),
+    Field("rel_change", "change", "Relative change"),
+    Field("first_bad", "culprit", "First bad commit"),
+    Field("subject", "subject", "Commit subject"),
+    Field("good", "good end", "Last good commit"),
+    Field("bad", "bad end", "First bad commit of the range"),
+)}
+LEVEL_TABLE_FIELDS: tuple[Field, ...] = (FIELDS["duration_s"],)
 
 
 def stat_column(group: str, key: str) -> str:

@@ -2,7 +2,7 @@
 
 Flags and defaults are declared once, in the command modules; a hand-kept list would drift
 from them. `python -m k2bench.harness.clidoc > docs/reference/cli.md` regenerates the page,
-and tests/docs/test_cli_reference.py fails when the committed copy differs.
+and tests/docs/test_docs_cli_reference.py fails when the committed copy differs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-request and per-level metrics, derived only from raw RequestRecord stamps.
 
-Definitions (InferenceX-compatible, see DESIGN.md "Metric definitions"):
+Definitions (InferenceX-compatible, defined for users in docs/concepts.md, "Metric definitions"):
 
 Per request (stamps are client monotonic ns taken when each SSE message arrived):
 - TTFT = first token-carrying message - request sent.

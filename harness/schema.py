@@ -3,8 +3,9 @@
 Each field is declared once, below, with its Python type, its check (``kind``), whether an
 imported document must carry it, its SQL column and its help text. Everything else is derived
 from these classes: the k2bench.run JSON reader and writer (runjson), the ORM tables
-(store.models), the DataFrames (store.frames), the fingerprint's field list, `k2bench show` and
-the dashboard's run tables. Adding a field is an edit here plus one Alembic migration.
+(store.models), the DataFrames (store.frames) and the fingerprint's field list. How a field is
+shown (header, unit, decimals) is presentation and lives in the catalogue
+(k2bench.harness.catalogue), never here. Adding a field is an edit here plus one Alembic migration.
 
 The JSON document carries ``"schema": "k2bench.run/<SCHEMA_VERSION>"``. A change to the fields
 bumps SCHEMA_VERSION and adds ``UPGRADES[old] = update_to_<old + 1>``, a function that turns a
@@ -62,7 +63,7 @@ NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
 
 @dataclass(frozen=True)
 class Spec:
-    """How one field is checked, stored and shown."""
+    """How one field is checked and stored (how it is shown: k2bench.harness.catalogue)."""
 
     kind: str
     sql: TypeEngine | None  # None: not a plain column (the store keeps it another way)
@@ -74,8 +75,6 @@ class Spec:
     index: bool = False
     fingerprint: bool = False  # part of the configuration fingerprint (see k2bench.harness.fingerprint)
     keys: tuple[str, ...] = ()  # kind "stats": the statistics
-    label: str | None = None  # per-level numbers with a label are columns of the per-level tables
-    decimals: int = 0
     name: str = ""  # filled from the class attribute
 
     @property
@@ -156,8 +155,7 @@ class Point:
     osl_mismatches: int | None = col("nonneg_int?", Integer(), "requests whose output length differed from OSL",
                                      nullable=False, default=0)
     errors: list[str] | None = col("str_list?", JSON(), "first error messages", default=[])
-    duration_s: float | None = col("float?", Float(), "first send to last finish, s", label="duration s",
-                                   decimals=1)
+    duration_s: float | None = col("float?", Float(), "first send to last finish, s")
     input_tokens: int | None = col("nonneg_int?", BigInteger(), "input tokens of completed requests")
     output_tokens: int | None = col("nonneg_int?", BigInteger(), "output tokens of completed requests")
     tput_per_gpu: float | None = col("float?", Float(), "(input + output tokens) / duration / GPUs")
@@ -245,7 +243,6 @@ LEVEL_NUMBERS: tuple[str, ...] = tuple(s.name for s in POINT if s.numeric and s.
 # Flat columns of a level: what Store.points_frame returns besides the run fields.
 POINT_COLUMNS: tuple[str, ...] = tuple(
     c for s in POINT if s.sql is not None and not isinstance(s.sql, JSON) for c in s.columns())
-LEVEL_TABLE_FIELDS: tuple[Spec, ...] = tuple(s for s in POINT if s.label)
 
 
 # ---------------------------------------------------------------- times

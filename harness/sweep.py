@@ -310,22 +310,30 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
 
 
 def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Speed | None:
-    """One request of the workload's lengths, timed, for the up-front estimate of a large sweep (None for
-    a sweep quick anywhere, or when the request fails: the first level will then say why)."""
+    """What a level costs on this server, for the up-front estimate of a large sweep (None for a sweep
+    quick anywhere, or when the probe fails: the first level will then say why). One lone request
+    (it also takes the server's cold start), then a small batch sent together: see k2bench.harness.estimate."""
+    import dataclasses
+
     from k2bench.harness.metrics import request_metrics
 
     w = cfg.workload
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
         return None
-    # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompt is not one a level sends
-    prompts = prompt_gen.build_prompts(w, 1, base_url=url, model=model, vocab=vocab, seed=w.seed * 1_000_003 + 1)
-    spec = LevelSpec(base_url=url, model=model, concurrency=1, num_prompts=1, num_warmup=0, timeout_s=cfg.timeout_s,
-                     api_key=cfg.api_key)
-    rec = run_async(run_level(spec, prompts))[0]
-    m = request_metrics(rec, with_itl=False)
-    if m["ttft_ms"] is None or m["tpot_ms"] is None:
-        return None
-    return estimate.Speed(ttft_s=m["ttft_ms"] / 1000, tpot_s=m["tpot_ms"] / 1000)
+    batch = min(estimate.PROBE_BATCH, min(cfg.levels))
+    # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompts are not ones a level sends
+    prompts = [dataclasses.replace(p, output_len=min(p.output_len, estimate.PROBE_OUTPUT_TOKENS))
+               for p in prompt_gen.build_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
+                                                 seed=w.seed * 1_000_003 + 1)]
+
+    def send(conc: int, sent: list) -> list[dict]:
+        spec = LevelSpec(base_url=url, model=model, concurrency=conc, num_prompts=len(sent), num_warmup=0,
+                         timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+        return [request_metrics(rec, with_itl=False) for rec in run_async(run_level(spec, sent))]
+
+    lone = send(1, prompts[:1])[0]
+    together = send(batch, prompts[1:]) if batch > 1 else []
+    return estimate.speed_from_probe(lone, together)
 
 
 def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str], None]):

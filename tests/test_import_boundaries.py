@@ -1,4 +1,4 @@
-"""The folders' import rules (DESIGN.md, "One boundary that matters"), read from the source with `ast`.
+"""The folders' import rules (docs/development.md, "Layout and import names"), read from the source with `ast`.
 
 - engine/ and workloads/ never import k2bench.harness or k2bench.dashboard (no folder-level cycles);
 - harness/ reaches k2bench.engine only through the thin CLI doors harness/commands/serve.py and

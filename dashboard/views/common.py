@@ -5,10 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.harness.catalogue import BY_COLUMN
-from k2bench.harness.schema import LEVEL_TABLE_FIELDS
+from k2bench.harness.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS
 
-_LEVEL_FIELDS = {spec.name: spec for spec in LEVEL_TABLE_FIELDS}
+_LEVEL_FIELDS = {f.column: f for f in LEVEL_TABLE_FIELDS}
 
 
 def csv_download(df: pd.DataFrame, name: str, key: str) -> None:
@@ -16,17 +15,16 @@ def csv_download(df: pd.DataFrame, name: str, key: str) -> None:
                        mime="text/csv", key=key, on_click="ignore")
 
 
-# Plain headers for the run and configuration columns a table may carry beside its metrics.
-_PLAIN_HEADERS = {"config": "configuration", "run_id": "run", "started_at": "started (UTC)", "p_value": "p-value",
-                  "rel_change": "change", "osl_mismatches": "OSL mismatches", "invalid_reason": "why invalid",
-                  "first_bad": "culprit", "subject": "subject", "good": "good end", "bad": "bad end"}
+# Plain headers for the run and configuration columns a table may carry beside its metrics (the
+# catalogue's fields; concurrency, trial, failed and valid keep their raw names on the dashboard).
+_PLAIN_HEADERS = {c: f.header for c, f in FIELDS.items() if c not in ("concurrency", "trial", "failed", "valid")}
 # " A", " B": one side of a comparison; " Δ%": B relative to A in percent (data.delta_table)
 _SIDES = (" A", " B", " Δ%")
 
 
 def table_columns(df: pd.DataFrame) -> dict:
     """Streamlit column settings for a table: every metric's header, unit and decimals from the metric
-    catalogue, per-level numbers from the schema, plain words for run columns. Only what is shown
+    catalogue, per-level numbers and plain words for run columns from the catalogue's fields. Only what is shown
     changes: sorting uses the full values and the CSV download keeps the raw names and values."""
     out = {}
     for col in df.columns:
@@ -41,8 +39,8 @@ def table_columns(df: pd.DataFrame) -> dict:
             out[col] = st.column_config.NumberColumn(f"{metric.header}{side}", format=f"%.{metric.decimals}f",
                                                      help=metric.label)
         elif spec is not None:
-            out[col] = st.column_config.NumberColumn(f"{spec.label}{side}", format=f"%.{spec.decimals}f",
-                                                     help=spec.help)
+            out[col] = st.column_config.NumberColumn(f"{spec.header}{side}", format=f"%.{spec.decimals}f",
+                                                     help=spec.label)
         elif col == "started_at":
             out[col] = st.column_config.DatetimeColumn(_PLAIN_HEADERS[col], format="YYYY-MM-DD HH:mm")
         elif col == "rel_change":

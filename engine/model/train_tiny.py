@@ -3,7 +3,7 @@
 A random tiny model makes every accuracy figure meaningless; a trained one turns a numerical bug in
 the MXFP4 path into a visible accuracy drop. The model is HF transformers' DeepseekV3ForCausalLM
 (MLA, sigmoid+bias group-limited MoE router, shared expert, dense first layer: the architecture the
-engine is checked against in tests/engine/test_model_hf_equivalence.py), built from the very
+engine is checked against in tests/engine/model/test_model_hf_equivalence.py), built from the very
 config.json that `write_tiny_checkpoint` writes, trained in float32 on CPU, then exported through
 the same writer: its tokenizer and config, its MXFP4 packer, its shard writer.
 

@@ -8,7 +8,7 @@ import pandas as pd
 
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, counted, per_run
-from k2bench.harness.eval.gate import judge
+from k2bench.harness.eval.gate import counts_of, judge_counts
 
 
 @dataclass
@@ -65,24 +65,24 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
     return GateOutput(res, _plot_points(cand_pts), _plot_points(base_pts))
 
 
-def _items(evals: dict[int, list[dict]], run_ids: list[int], key: tuple[str, str]) -> list[float]:
-    """Per-item scores of one (task, metric) pooled over runs (each run's items are independent trials)."""
-    return [x for rid in run_ids for e in evals.get(rid, []) if (e["task"], e["metric"]) == key
-            for x in (e["items"] or [])]
+def _counts(evals: dict[int, list[dict]], run_ids: list[int], key: tuple[str, str]) -> tuple[int, int] | None:
+    """(right, n) of one (task, metric) pooled over runs (each run's items are independent trials)."""
+    return counts_of([e for rid in run_ids for e in evals.get(rid, []) if (e["task"], e["metric"]) == key])
 
 
 def _judge_accuracy(store, cand_ids: list[int], base_ids: list[int], res: RegressResult) -> None:
     """Accuracy verdicts per evaluated task: the model's threshold and the two-proportion test on the
-    pooled per-item scores; a failed one makes the whole result a regression."""
+    pooled counts (per-item scores, or value x n where a run kept none); a failed one makes the whole
+    result a regression."""
     cand = store.evals_by_run(cand_ids)
     base = store.evals_by_run(base_ids)
     model = str(res.candidate_meta.get("model") or "")
     for key in sorted({(e["task"], e["metric"]) for evs in cand.values() for e in evs}):
-        c_items = _items(cand, cand_ids, key)
-        if not c_items:
-            res.notes.append(f"accuracy {key[0]}: the candidate kept no per-item scores; not gated")
+        c_counts = _counts(cand, cand_ids, key)
+        if c_counts is None:
+            res.notes.append(f"accuracy {key[0]}: the candidate has no items to count; not gated")
             continue
-        verdict = judge(key[0], model, c_items, _items(base, base_ids, key) or None)
+        verdict = judge_counts(key[0], model, c_counts, _counts(base, base_ids, key))
         res.accuracy.append(asdict(verdict))
         if verdict.failed:
             res.overall = "regression"

@@ -74,33 +74,33 @@ def _date(iso: str | None) -> str:
 def points_table(points: list[dict], title: str | None = None) -> Table:
     """The per-level table (also what a sweep prints at its end): one row per level and trial.
 
-    Its columns are the catalogue's table metrics and the schema's labelled per-level fields."""
+    Every header and number format comes from the catalogue: its table metrics and level fields."""
     from rich.table import Table
 
     from k2bench.harness import schema
-    from k2bench.harness.catalogue import TABLE_METRICS
+    from k2bench.harness.catalogue import FIELDS, LEVEL_TABLE_FIELDS, TABLE_METRICS
 
     trials = len({p.get("trial", 0) for p in points}) > 1
     mismatches = any(p.get("osl_mismatches") for p in points)
     table = Table(title=title, title_justify="left")
-    table.add_column("conc", justify="right")
+    table.add_column(FIELDS["concurrency"].header, justify="right")
     if trials:
-        table.add_column("trial", justify="right")
-    for name in (*(m.header for m in TABLE_METRICS), *(f.label for f in schema.LEVEL_TABLE_FIELDS), "failed"):
+        table.add_column(FIELDS["trial"].header, justify="right")
+    for name in (*(m.header for m in TABLE_METRICS), *(f.header for f in LEVEL_TABLE_FIELDS),
+                 FIELDS["failed"].header):
         table.add_column(name, justify="right")
     if mismatches:
-        table.add_column("OSL mismatch", justify="right")
+        table.add_column(FIELDS["osl_mismatches"].header, justify="right")
     marked = any(p.get("valid") is False for p in points)
     if marked:
-        table.add_column("valid")
+        table.add_column(FIELDS["valid"].header)
     for p in points:
         flat = schema.to_columns(schema.POINT, p)
         row = [str(p["concurrency"])]
         if trials:
             row.append(str(p.get("trial", 0)))
         row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
-        row += ["-" if flat.get(f.name) is None else f"{flat[f.name]:,.{f.decimals}f}"
-                for f in schema.LEVEL_TABLE_FIELDS]
+        row += [f.format(flat.get(f.column)) for f in LEVEL_TABLE_FIELDS]
         row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))

@@ -31,6 +31,7 @@ class SweepDisplay:
         self.planned = cfg.planned_levels()
         self.sweep_task = None  # added with the first level: an error before it shows no empty bar
         self.finished = 0
+        self.done_points: list[dict] = []  # finished levels, for the ETA
 
     def __enter__(self) -> SweepDisplay:
         self.progress.__enter__()
@@ -62,14 +63,15 @@ class SweepDisplay:
         if self.sweep_task is not None:
             self.progress.advance(self.sweep_task)
         left = self.planned[self.finished:]
-        speed = estimate.speed_from_point(point)
+        self.done_points.append(point)
+        speed = estimate.speed_from_points(self.done_points)
         if left and speed is not None:
             seconds = estimate.sweep_seconds(left, self.cfg.workload.osl, speed)
             text = f"about {estimate.duration_text(seconds)} left"
             if self.sweep_task is not None:
                 self.progress.update(self.sweep_task, description=f"sweep: levels ({text})")
             self.say(f"level {self.finished} of {len(self.planned)} done; {len(left)} to go, {text} "
-                     f"(from this level's TTFT and TPOT)")
+                     f"(from the finished levels' TTFT and TPOT)")
 
 
 def devices(meta: dict) -> str:

@@ -2,9 +2,12 @@
 
 A candidate fails when its accuracy is below the task's threshold for its model, or when it is lower
 than the baseline's by at least `min_drop` and the drop is significant: the pooled two-proportion
-z-test on the per-item scores (each item right or wrong) gives p < `alpha`. Both are needed for the
-second rule, as for speed: a tiny real drop is noise at any n, and a big drop on few items is not
-evidence yet.
+z-test gives p < `alpha`. Both are needed for the second rule, as for speed: a tiny real drop is noise
+at any n, and a big drop on few items is not evidence yet.
+
+The test needs only each side's proportion and item count, so an evaluation stored without per-item
+scores (an imported result that kept value, stderr and n) is judged as well: its right answers are
+value x n. Where per-item scores are kept they give the count exactly (`counts_of`).
 """
 
 from __future__ import annotations
@@ -73,19 +76,44 @@ def _counts(items: list[float]) -> tuple[int, int]:
     return int(sum(items)), len(items)
 
 
+def counts_of(evals: list[dict]) -> tuple[int, int] | None:
+    """(right answers, items) pooled over evaluations of one task: counted from the per-item scores where
+    an evaluation kept them, else value x n (the value is a proportion of n items, so this is exact up to
+    the rounding of a stored float). None when there is nothing to count."""
+    right = n = 0
+    for ev in evals:
+        if ev.get("items"):
+            r, k = _counts(ev["items"])
+        else:
+            if ev.get("value") is None or not ev.get("n"):
+                continue
+            r, k = round(float(ev["value"]) * int(ev["n"])), int(ev["n"])
+        right, n = right + r, n + k
+    return (right, n) if n else None
+
+
 def judge(task: str, model: str, candidate: list[float], baseline: list[float] | None, *,
           thresholds: dict | None = None, alpha: float = 0.05, min_drop: float = 0.01) -> AccuracyVerdict:
     """The verdict on a candidate's per-item scores against the baseline's (None: threshold only)."""
     if not candidate:
         raise UserError(f"{task}: the candidate run has no per-item scores")
+    return judge_counts(task, model, _counts(candidate), _counts(baseline) if baseline else None,
+                        thresholds=thresholds, alpha=alpha, min_drop=min_drop)
+
+
+def judge_counts(task: str, model: str, candidate: tuple[int, int], baseline: tuple[int, int] | None, *,
+                 thresholds: dict | None = None, alpha: float = 0.05, min_drop: float = 0.01) -> AccuracyVerdict:
+    """The verdict on a candidate's (right, n) against the baseline's (None: threshold only)."""
+    c_right, c_n = candidate
+    if c_n <= 0:
+        raise UserError(f"{task}: the candidate evaluation has no items")
     thr = threshold_for(task, model, load_thresholds() if thresholds is None else thresholds)
-    c_right, c_n = _counts(candidate)
     c_val = c_right / c_n
     base_val = p = None
     b_n = 0
     status, reason = "ok", "within threshold"
-    if baseline:
-        b_right, b_n = _counts(baseline)
+    if baseline and baseline[1] > 0:
+        b_right, b_n = baseline
         base_val = b_right / b_n
         p = two_proportion_p(b_right, b_n, c_right, c_n)
         if base_val - c_val >= min_drop and p < alpha:

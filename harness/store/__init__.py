@@ -1,8 +1,8 @@
 """Run store: SQLAlchemy 2 ORM + Alembic migrations (shipped in ./migrations, applied by read-write opens
 through upgrade.py, which guards them against data loss; read-only opens never upgrade).
 
-See STORE_API in the README ("store" section): Store.open(url), create_run / add_point /
-finish_run / import_run to write; list_runs / get_run / export_run / points_frame /
+The Store's API (docs/store.md describes the database and the JSON): Store.open(url), create_run /
+add_point / finish_run / import_run to write; list_runs / get_run / export_run / points_frame /
 requests_frame / itl_ms / change_points_frame to read.
 """
 

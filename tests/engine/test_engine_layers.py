@@ -1,5 +1,5 @@
 """The engine's folders are layers: model and kernels never reach into the runtime, and nothing in the
-engine imports the harness (the harness starts the engine as a server process, DESIGN.md)."""
+engine imports the harness (the harness starts the engine as a server process, docs/development.md)."""
 
 from __future__ import annotations
 

@@ -18,18 +18,18 @@ from analysis_data import load_fixture  # noqa: E402
 from k2bench.harness.cli import main  # noqa: E402
 
 
-def _eval(right: int, n: int = 500) -> dict:
-    items = [1.0] * right + [0.0] * (n - right)
-    return {"task": "tiny-arith", "metric": "exact_match", "value": right / n,
-            "stderr": (right / n * (1 - right / n) / (n - 1)) ** 0.5, "n": n, "concurrency": 8, "items": items}
+def _eval(right: int, n: int = 500, task: str = "tiny-arith", items: bool = True) -> dict:
+    scores = [1.0] * right + [0.0] * (n - right) if items else None
+    return {"task": task, "metric": "exact_match", "value": right / n,
+            "stderr": (right / n * (1 - right / n) / (n - 1)) ** 0.5, "n": n, "concurrency": 8, "items": scores}
 
 
-def _files(tmp_path: Path, candidate_right: int) -> tuple[list[str], str]:
+def _files(tmp_path: Path, candidate_right: int, **eval_options) -> tuple[list[str], str]:
     fx = load_fixture("noise2")
     paths = []
     for i, doc in enumerate(fx["runs"]):
         last = i == len(fx["runs"]) - 1
-        doc["evals"] = [_eval(candidate_right if last else 485)]
+        doc["evals"] = [_eval(candidate_right if last else 485, **eval_options)]
         doc["schema"] = "k2bench.run/2"
         path = tmp_path / f"run{i}.json"
         path.write_text(json.dumps(doc))
@@ -57,6 +57,32 @@ def test_accuracy_drop_fails_the_gate_with_speed_unchanged(tmp_path, capsys, rig
         verdict = next(line for line in text.splitlines() if "Regression" in line)
         assert "accuracy 0.800 is below the tiny-arith threshold 0.95" in verdict
         assert "| tiny-arith | 0.970 | 0.800 | 500 | 0.95 | <1e-4 | ❌ regression |" in text
+    else:
+        assert acc["status"] == "ok" and doc["overall"] != "regression" and acc["p_value"] > 0.05
+
+
+# "imported": a task with no threshold (only the two-proportion test can fail it), and tiny-arith
+@pytest.mark.parametrize("task", ["imported-qa", "tiny-arith"])
+@pytest.mark.parametrize("right,rc", [(400, 1), (480, 0)])
+def test_evals_without_per_item_scores_are_gated_on_value_and_n(tmp_path, capsys, task, right, rc):
+    """An imported result keeps value, stderr and n but no items: the two-proportion test needs only
+    the proportions and the counts, so 0.97 -> 0.80 (n = 500) fails and 0.97 -> 0.96 passes."""
+    url = f"sqlite:///{tmp_path / 'k2.db'}"
+    files, cand = _files(tmp_path, right, task=task, items=False)
+    assert main(["import", "--db", url, *files]) == 0
+    capsys.readouterr()
+    out = tmp_path / "verdict.json"
+    code = main(["regress", "--candidate", cand, "--baseline-mode", "latest", "--db", url,
+                 "--fail-on-regression", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == rc
+    (acc,) = doc["accuracy"]
+    assert acc["n_candidate"] == 500 and acc["n_baseline"] == 2500
+    assert acc["candidate"] == pytest.approx(right / 500) and acc["baseline"] == pytest.approx(0.97)
+    if rc:
+        assert doc["overall"] == "regression" and acc["status"] == "regression" and acc["p_value"] < 1e-6
+        if task == "imported-qa":
+            assert acc["threshold"] is None and acc["reason"].startswith("accuracy dropped 0.970 -> 0.800")
     else:
         assert acc["status"] == "ok" and doc["overall"] != "regression" and acc["p_value"] > 0.05
 

@@ -102,8 +102,34 @@ def test_show_prints_the_catalogue_table_metrics_and_labelled_level_fields(url, 
     run_id = write_levels(url, [4])
     assert main(["show", str(run_id), "--db", url]) == 0
     out = capsys.readouterr().out
-    for header in [m.header for m in catalogue.TABLE_METRICS] + [f.label for f in schema.LEVEL_TABLE_FIELDS]:
+    for header in [m.header for m in catalogue.TABLE_METRICS] + [f.header for f in catalogue.LEVEL_TABLE_FIELDS]:
         assert header in out
+
+
+
+def test_presentation_lives_in_the_catalogue_alone():
+    """The schema keeps types, checks and columns; every header and decimal a per-level table shows is
+    the catalogue's, and every field it presents is a real column."""
+    import dataclasses
+
+    assert {f.name for f in dataclasses.fields(schema.Spec)}.isdisjoint({"label", "short", "unit", "decimals"})
+    columns = set(schema.POINT_COLUMNS) | {s.name for s in schema.RUN} | {"run_id"}
+    for f in catalogue.LEVEL_TABLE_FIELDS:
+        assert f.column in schema.POINT_COLUMNS
+    for m in catalogue.CATALOGUE:
+        assert m.column in columns
+    from rich.console import Console
+
+    from k2bench.harness.commands.runs import points_table
+
+    point = {"concurrency": 4, "trial": 0, "num_prompts": 8, "completed": 8, "failed": 0, "osl_mismatches": 2,
+             "duration_s": 12.345, "valid": False, "tput_per_gpu": 1234.5}
+    console = Console(width=400, record=True)
+    console.print(points_table([point]))
+    text = console.export_text()
+    for f in ("concurrency", "duration_s", "failed", "osl_mismatches", "valid"):
+        assert catalogue.FIELDS[f].header in text
+    assert "duration s" in text and "12.3" in text and "12.345" not in text  # the catalogue's 1 decimal
 
 
 # ---------------------------------------------------------------- versions

@@ -215,7 +215,9 @@ def test_a_bare_sweep_suggests_a_quick_one_and_the_gpu_one(tmp_path, capsys, mon
 def test_a_sweep_too_big_for_the_server_warns_up_front_and_goes_on(tmp_path, capsys) -> None:
     """The design card's sizes on a slow server: an estimate before the first level, then the levels."""
     db = f"sqlite:///{tmp_path}/k.db"
-    with serving(tmp_path, "--ttft-ms", "1000", "--itl-ms", "5") as url:
+    # the probe: first tokens 2 s after arrival (all four of its batch at once), 5 ms steps -> 0.5 s of
+    # prefill a prompt; 60 waves of 256 tokens over levels 4..128 -> about 22 min, over the 20-minute mark
+    with serving(tmp_path, "--ttft-ms", "2000", "--itl-ms", "5") as url:
         code = main(["sweep", "--url", url, "--isl", "8192", "--osl", "256", "--conc", "4..128", "--warmup", "0",
                      "--level-timeout", "0.3", "--hardware", "cpu: test", "--db", db])
     err = " ".join(capsys.readouterr().err.split())
