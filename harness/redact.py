@@ -31,6 +31,7 @@ _NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MIN_SECRET_LEN = 4  # shorter known values are not hunted for in free text (they would mask digits and words)
+_TRIVIAL = frozenset({"true", "false", "yes", "no", "none", "null", "auto", "default"})  # e.g. HF_HUB_..._TOKEN=true
 
 # scheme://userinfo@ : the user info up to the last @ before the host
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/?#\s@'\"]*)@")
@@ -145,14 +146,15 @@ def command(line: str | None) -> str | None:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in masked_env.items()), shlex.join(argv(words))])
 
 
-def deep(obj: Any) -> Any:
-    """Every string inside ``obj`` (dicts, lists) passed through `text`: the last net before storing."""
+def deep(obj: Any, secrets: Secrets | None = None) -> Any:
+    """Every string inside ``obj`` (dicts, lists) with its shapes and ``secrets`` masked: the last net
+    before a record is stored."""
     if isinstance(obj, str):
-        return text(obj)
+        return secrets.scrub(obj) if secrets else text(obj)
     if isinstance(obj, dict):
-        return {k: deep(v) for k, v in obj.items()}
+        return {k: deep(v, secrets) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(deep(v) for v in obj)
+        return type(obj)(deep(v, secrets) for v in obj)
     return obj
 
 
@@ -218,7 +220,7 @@ class Secrets:
 
     def add(self, *values: str | None) -> Secrets:
         for v in values:
-            if v and len(v) >= MIN_SECRET_LEN and v != MASK:
+            if v and len(v) >= MIN_SECRET_LEN and v != MASK and v.lower() not in _TRIVIAL and not v.isdigit():
                 self.values.add(v)
         return self
 
@@ -255,3 +257,10 @@ def scrub_file(path: Path, secrets: Secrets) -> None:
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         fh.write(clean)
     os.replace(tmp, path)
+
+
+def sweep_secrets(cfg: Any) -> Secrets:
+    """The secrets a sweep's settings (a SweepConfig) hand it: the API key, and whatever the command
+    line, --url, --db, --server-cmd and --server-args carry."""
+    return (Secrets([cfg.api_key]).add_argv(cfg.command_line).add_text(cfg.url, cfg.db)
+            .add_argv([w for w in (cfg.server_cmd, cfg.server_args) if w]))

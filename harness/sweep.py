@@ -350,7 +350,8 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
                   "repro": repro.record(cfg.command_line, srv.command,
                                         repro.server_env(srv.launched.env) if srv.launched else None, srv.url, w)},
     }
-    meta = redact.deep(meta)  # the last net: no URL password or query token reaches the store
+    secrets = redact.sweep_secrets(cfg).add(*(srv.launched.secrets.values if srv.launched else ()))
+    meta = redact.deep(meta, secrets)  # the last net: no secret the sweep was handed reaches the store
     if cfg.commit is None and meta["commit"] and provenance.git_dirty():
         meta["extra"]["git_dirty"] = True
         say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "
