@@ -123,9 +123,12 @@ def argv(words: list[str]) -> list[str]:
             out.append(assignment)
         elif any(c.isspace() for c in arg):
             try:
-                out.append(shlex.join(argv(shlex.split(arg))))
+                words = shlex.split(arg)
             except ValueError:  # not shell words: mask what the shapes catch
                 out.append(text(arg))
+            else:
+                masked = argv(words)
+                out.append(arg if masked == words else shlex.join(masked))  # unchanged when nothing was secret
         else:
             out.append(text(arg))
     return out

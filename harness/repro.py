@@ -49,7 +49,8 @@ def record(command_line: list[str] | None, server_command: str | None, env: dict
 def _c(value: object) -> str:
     """A stored value made safe inside a shell comment: one line, control characters escaped (a stored
     newline would otherwise start a line that bash executes)."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(value))
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in redact.text(str(value)))
 
 
 def _command(command: list) -> list[str]:
@@ -77,6 +78,10 @@ def script(run: dict, levels: int) -> str:
     if not rep or not isinstance(rep, dict):
         return (f"# run {_c(run['id'])} has no reproducible record (it was stored before k2bench recorded one, "
                 f"or imported without it)\n")
+    # masked again on the way out: a record stored by an older k2bench, or imported, may hold secrets
+    rep = {**redact.deep(rep), "server_env": redact.env({str(k): str(v) for k, v in (rep.get("server_env") or {}).items()}),
+           "command": redact.argv([str(a) for a in rep["command"]]) if rep.get("command") else None,
+           "server_command": redact.command(str(rep["server_command"])) if rep.get("server_command") else None}
     lines = [f"# re-run the measurement of run {_c(run['id'])} ({_c(run.get('status'))}, {levels} level(s), "
              f"started {_c(str(run.get('started_at'))[:16])} UTC)"]
     if run.get("commit"):
@@ -102,6 +107,8 @@ def script(run: dict, levels: int) -> str:
             lines.append(f"# (an environment entry whose name is not a shell variable name, left out: {_c(key)})")
         elif value == MASK:
             lines.append(f"# export {key}=...   (a secret: set it yourself)")
+        elif MASK in str(value):
+            lines.append(f"# export {key}={_c(value)}   (put the masked secret back and set it yourself)")
         else:
             lines.append(f"export {key}={shlex.quote(str(value))}")
     command = rep.get("command")

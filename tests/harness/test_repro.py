@@ -95,3 +95,19 @@ def test_show_repro_is_shell_safe_whatever_the_stored_fields_hold(tmp_path) -> N
     run["extra"]["repro"]["base_url"] = evil(16)
     subprocess.run(["bash", "-c", "k2bench() { :; }\n" + repro.script(run, 1)], cwd=tmp_path, check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_show_repro_masks_a_record_stored_before_secrets_were_masked() -> None:
+    run = {"id": 3, "status": "complete", "started_at": "2026-11-01", "commit": None, "hardware": "cpu",
+           "extra": {"repro": {
+               "versions": {}, "gpus": [], "workload": {"name": "w"}, "seeds": "",
+               "base_url": "http://u:OldUrlPw@h:8000", "server_command": None,
+               "server_env": {"MY_DB_PASS": "OldEnvPw", "K2BENCH_DB": "postgresql://u:OldDbPw@h/d", "PWD": "/home/x"},
+               "command": ["k2bench", "sweep", "--url", "http://u:OldUrlPw@h:8000", "--api-key", "OldKey",
+                           "--notes", "x?token=OldTok"]}}}
+    text = repro.script(run, 1)
+    for old in ("OldUrlPw", "OldEnvPw", "OldDbPw", "OldKey", "OldTok"):
+        assert old not in text
+    assert "# export MY_DB_PASS=...   (a secret: set it yourself)" in text and "export PWD=/home/x" in text
+    assert "# export K2BENCH_DB=postgresql://u:***@h/d   (put the masked secret back" in text
+    assert "the server at http://u:***@h:8000 was started outside k2bench" in text
