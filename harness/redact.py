@@ -145,8 +145,11 @@ def command(line: str | None) -> str | None:
     lead = []
     while words and _SHELL_NAME.fullmatch(words[0].partition("=")[0]) and "=" in words[0]:
         lead.append(words.pop(0))
-    masked_env = env(dict(w.split("=", 1) for w in lead))
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in masked_env.items()), shlex.join(argv(words))])
+    given_env = dict(w.split("=", 1) for w in lead)
+    masked_env, masked_words = env(given_env), argv(words)
+    if masked_env == given_env and masked_words == words:
+        return line  # nothing secret: the line as written (a stored tag still matches it)
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in masked_env.items()), shlex.join(masked_words)])
 
 
 def deep(obj: Any, secrets: Secrets | None = None) -> Any:

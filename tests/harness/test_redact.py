@@ -77,6 +77,8 @@ def test_command_line_with_leading_environment() -> None:
     cmd = redact.command("AITER_X=1 SECRET_KEY=zz PWD=/w python3 -m srv --api-key k9 --port 8")
     assert cmd == "AITER_X=1 SECRET_KEY='***' PWD=/w python3 -m srv --api-key '***' --port 8"
     assert redact.command("x 'unbalanced http://u:p@h") == "x 'unbalanced http://u:***@h"
+    plain = "python serve.py --port {port} --notes 'two words'"
+    assert redact.command(plain) == plain  # nothing secret: kept as written, not re-quoted
 
 
 def test_known_values_are_scrubbed_from_free_text_with_short_ones_left() -> None:
