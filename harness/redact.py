@@ -106,10 +106,11 @@ def argv(words: list[str]) -> list[str]:
     out: list[str] = []
     hide_next = False
     for arg in words:
-        if hide_next:
+        if hide_next and not arg.startswith("--"):  # "--flag": the secret-named one was a switch
             out.append(MASK)
             hide_next = False
             continue
+        hide_next = False
         name, eq, _ = arg.partition("=")
         if name.startswith("-") and is_secret_name(name) and not any(c.isspace() for c in arg):
             if eq:
@@ -184,10 +185,11 @@ def values_in_argv(words: Iterable[str]) -> set[str]:
     found: set[str] = set()
     take_next = False
     for arg in words:
-        if take_next:
+        if take_next and not arg.startswith("--"):
             found.add(arg)
             take_next = False
             continue
+        take_next = False
         name, eq, value = arg.partition("=")
         if name.startswith("-") and is_secret_name(name) and not any(c.isspace() for c in arg):
             if eq:

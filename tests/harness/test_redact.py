@@ -101,3 +101,9 @@ def test_scrub_file_rewrites_owner_only(tmp_path) -> None:
     assert log.read_text() == "listening; key=***\n"
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["server.log"]
+
+
+def test_a_secret_named_switch_does_not_hide_the_next_flag() -> None:
+    words = ["--return-tokens-as-token-ids", "--port", "8000", "--api-key", "k3y-value"]
+    assert redact.argv(words) == ["--return-tokens-as-token-ids", "--port", "8000", "--api-key", "***"]
+    assert redact.values_in_argv(words) == {"k3y-value"}
