@@ -33,8 +33,8 @@ _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MIN_SECRET_LEN = 4  # shorter known values are not hunted for in free text (they would mask digits and words)
 _TRIVIAL = frozenset({"true", "false", "yes", "no", "none", "null", "auto", "default"})  # e.g. HF_HUB_..._TOKEN=true
 
-# scheme://userinfo@ : the user info up to the last @ before the host
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/?#\s@'\"]*)@")
+# scheme://userinfo@ : the user info, up to the last @ before the path (a raw @ in a password is masked too)
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/?#\s'\"]*)@")
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[A-Za-z0-9_.-]+)=(?P<value>[^&#;\s'\"]*)")
 _TOKEN_PREFIXES = ("ghp_", "gho_", "ghs_", "github_pat_", "glpat-", "hf_", "sk-", "xox")
 

@@ -36,6 +36,7 @@ def test_names_that_only_look_like_secrets(name: str) -> None:
     ("https://h/blob?sv=1&sig=Zm9v%2B&se=2", "https://h/blob?sv=1&sig=***&se=2"),
     ("https://h/cb?code=1&access_token=t0k#frag", "https://h/cb?code=1&access_token=***#frag"),
     ("see http://a:b@h and http://c:d@i", "see http://a:***@h and http://c:***@i"),
+    ("redis://:p@ss@cache:6379/0", "redis://:***@cache:6379/0"),
 ])
 def test_url_user_info_and_query_tokens_are_masked(given: str, masked: str) -> None:
     assert redact.text(given) == masked
