@@ -108,3 +108,16 @@ def test_a_secret_named_switch_does_not_hide_the_next_flag() -> None:
     words = ["--return-tokens-as-token-ids", "--port", "8000", "--api-key", "k3y-value"]
     assert redact.argv(words) == ["--return-tokens-as-token-ids", "--port", "8000", "--api-key", "***"]
     assert redact.values_in_argv(words) == {"k3y-value"}
+
+
+def test_a_request_error_keeps_no_url_password() -> None:
+    import aiohttp
+    import yarl
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from k2bench.harness.loadgen import _describe
+
+    url = yarl.URL("http://bench:Pw0rd-x@h:1/v1/completions")
+    info = aiohttp.RequestInfo(url, "POST", CIMultiDictProxy(CIMultiDict()), url)
+    error = _describe(aiohttp.ClientResponseError(info, (), status=500, message="boom"))
+    assert "Pw0rd-x" not in error and "url='http://bench:***@h:1/v1/completions'" in error
