@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import gitrepo, launch, recipes
+from k2bench.harness import gitrepo, launch, recipes, redact
 from k2bench.harness.fingerprint import fingerprint
 from k2bench.harness.provenance import detect_hardware
 from k2bench.harness.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
@@ -35,10 +35,10 @@ def sweep_with_command(cfg: SweepConfig, server_cmd: str, *, cwd: str | Path | N
     server = launch.from_recipe(recipe, model=cfg.model or "default", tp=cfg.tp, extra_args=cfg.server_args,
                                 log_dir=cfg.log_dir, ready_timeout_s=cfg.ready_timeout_s, api_key=cfg.api_key,
                                 cwd=cwd)
-    say(f"starting: {server.command}" + (f" (in {cwd})" if cwd else "") + f"  (log: {server.log_path})")
+    say(f"starting: {server.shown_command}" + (f" (in {cwd})" if cwd else "") + f"  (log: {server.log_path})")
     with server:
         attached = replace(cfg, url=server.base_url, engine=None, server_cmd=None, server_args=None,
-                           tags={**cfg.tags, CMD_TAG: server_cmd})
+                           tags={**cfg.tags, CMD_TAG: redact.command(server_cmd)})
         return run_sweep(attached, events)
 
 
@@ -75,7 +75,7 @@ class CommitBench:
         """Complete runs of this commit with this configuration and server command, oldest first."""
         runs = store.list_runs(commit=sha, fingerprint=self.fingerprint, status="complete")
         return sorted((r for r in runs if r.get("commit") == sha
-                       and (r.get("tags") or {}).get(CMD_TAG) == self.server_cmd), key=lambda r: r["id"])
+                       and (r.get("tags") or {}).get(CMD_TAG) == redact.command(self.server_cmd)), key=lambda r: r["id"])
 
     def measure(self, commit: gitrepo.Commit, *, trials: int | None = None) -> tuple[int, str]:
         """Sweep ``commit`` from its worktree; returns (run id, status). Failures are stored, not raised."""

@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except UserError as exc:
-        print(f"k2bench: error: {exc}", file=sys.stderr)
+        from k2bench.harness import redact
+
+        print(f"k2bench: error: {redact.Secrets().add_argv(argv).scrub(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("k2bench: interrupted", file=sys.stderr)

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import pdeathsig, recipes
+from k2bench.harness import pdeathsig, recipes, redact
 from k2bench.net import free_port, normalize_base_url
 
 MODELS_ENV = "K2BENCH_MODELS"  # overrides the folder of cached models (tests share one trained model)
@@ -47,9 +47,10 @@ def describe_exit(code: int) -> str:
     return f"was killed by signal {-code}{name}"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, secrets: redact.Secrets | None = None) -> str:
+    """The log's last lines, indented, with ``secrets`` (and every secret shape) masked."""
     try:
-        text = path.read_text(errors="replace")
+        text = (secrets or redact.Secrets()).scrub(path.read_text(errors="replace"))
     except OSError:
         return "(no log)"
     tail = text.rstrip().splitlines()[-lines:]
@@ -90,6 +91,9 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.version: str | None = None
         self.exit_code: int | None = None  # once the process has exited: its code, or -signal
+        # what this server was handed that is secret: masked in its log, its command line as printed
+        self.secrets = (redact.Secrets([api_key]).add_argv(argv).add_env(self.env)
+                        .add_env({k: v for k, v in os.environ.items() if redact.is_secret_name(k)}))
 
     def poll(self) -> int | None:
         """The process's exit code (negative: killed by that signal) once it has exited, else None."""
@@ -113,10 +117,16 @@ class Server:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return (env + " " if env else "") + shlex.join(self.argv)
 
+    @property
+    def shown_command(self) -> str:
+        """`command` as it may be printed or written to the log: its secrets masked."""
+        return self.secrets.scrub(redact.command(self.command) or "")
+
     def start(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
-        log.write(f"# k2bench launch {datetime.now(timezone.utc).isoformat()}: {self.command}\n".encode())
+        # owner-only: until the server stops (and scrub_log runs), its own lines may hold a secret
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        log.write(f"# k2bench launch {datetime.now(timezone.utc).isoformat()}: {self.shown_command}\n".encode())
         log.flush()
         try:
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
@@ -140,7 +150,7 @@ class Server:
             code = self.poll()
             if code is not None:
                 raise ServerError(f"{self.name} {describe_exit(code)} before it was ready; "
-                                  f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                                  f"last lines of {self.log_path}:\n{log_tail(self.log_path, secrets=self.secrets)}")
             status = _get(self.base_url + stage, timeout=5.0, api_key=self.api_key)
             if status == 200:
                 if stage == "/v1/models":
@@ -155,7 +165,7 @@ class Server:
                 self.stop()
                 raise ServerError(f"{self.name} was not ready ({stage} did not answer 200) within "
                                   f"{self.ready_timeout_s:g} s; last lines of {self.log_path}:\n"
-                                  f"{log_tail(self.log_path)}")
+                                  f"{log_tail(self.log_path, secrets=self.secrets)}")
             time.sleep(0.25)
         self.version = self._probe_version()
 
@@ -203,6 +213,7 @@ class Server:
             time.sleep(0.2)
         if self.exit_code is None:
             self.exit_code = proc.poll()
+        redact.scrub_file(self.log_path, self.secrets)  # what the server itself printed of its secrets
 
     def __enter__(self) -> Server:
         if self.proc is None:
@@ -305,7 +316,7 @@ class ServerHandle:
         if code is None:
             return None
         return (f"the server {describe_exit(code)}; last lines of {self.launched.log_path}:\n"
-                f"{log_tail(self.launched.log_path)}")
+                f"{log_tail(self.launched.log_path, secrets=self.launched.secrets)}")
 
     def stop(self) -> None:
         if self.launched:
@@ -340,7 +351,7 @@ def open_server(*, url: str | None = None, engine: str | None = None, model: str
         model = str(ensure_tiny_model(say=say))
     server = from_recipe(recipe, model=model, tp=tp, extra_args=server_args, log_dir=log_dir,
                          ready_timeout_s=ready_timeout_s, api_key=api_key, cwd=cwd)
-    say(f"starting {name}: {server.command}  (log: {server.log_path})")
+    say(f"starting {name}: {server.shown_command}  (log: {server.log_path})")
     with server:
         handle = ServerHandle(url=server.base_url, engine=name,
                               served=run(served_models(server.base_url, api_key=api_key)), launched=server,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from k2bench.errors import ServerError
+from k2bench.harness import redact
 from k2bench.harness.level_watch import (
     CANNOT_CONNECT,
     CONNECTION_CLOSED,
@@ -138,7 +139,8 @@ def make_session(timeout_s: float, api_key: str | None = None) -> aiohttp.Client
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or exc.__class__.__name__
+    """The exception as a stored error; aiohttp's messages carry the request URL, password included."""
+    text = redact.text(str(exc)) or exc.__class__.__name__
     return f"{exc.__class__.__name__}: {text}"[:ERRORS_KEPT]
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import crash, estimate, launch, provenance, repro
+from k2bench.harness import crash, estimate, launch, provenance, redact, repro
 from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
@@ -349,8 +349,8 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "commit": cfg.commit if cfg.commit is not None else provenance.git_commit(),
         "branch": cfg.branch if cfg.branch is not None else provenance.git_branch(),
         "engine": srv.engine, "engine_version": srv.version,
-        "engine_flags": repro.mask_argv(srv.flags) if srv.flags else srv.flags,
-        "server_command": repro.mask_command(srv.command),
+        "engine_flags": redact.argv(srv.flags) if srv.flags else srv.flags,
+        "server_command": redact.command(srv.command),
         "model": model_dir.name if model_dir else (cfg.model or request_model or "unknown"),
         "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
@@ -362,6 +362,8 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
                   "repro": repro.record(cfg.command_line, srv.command,
                                         repro.server_env(srv.launched.env) if srv.launched else None, srv.url, w)},
     }
+    secrets = redact.sweep_secrets(cfg).add(*(srv.launched.secrets.values if srv.launched else ()))
+    meta = redact.deep(meta, secrets)  # the last net: no secret the sweep was handed reaches the store
     if cfg.commit is None and meta["commit"] and provenance.git_dirty():
         meta["extra"]["git_dirty"] = True
         say(f"warning: tracked files differ from commit {meta['commit'][:12]}; the run is recorded "

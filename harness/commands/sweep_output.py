@@ -4,7 +4,9 @@ kept after Ctrl-C, and how to look at the result in the dashboard."""
 
 from __future__ import annotations
 
-from k2bench.harness import estimate, provenance
+import shlex
+
+from k2bench.harness import estimate, provenance, redact
 from k2bench.harness.commands.common import table_console
 from k2bench.harness.sweep import EXIT_INTERRUPTED, EXIT_SERVER, SweepConfig, SweepResult
 
@@ -24,6 +26,7 @@ class SweepDisplay:
         )
 
         self.cfg = cfg
+        self.secrets = redact.sweep_secrets(cfg)
         self.console = Console(stderr=True)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
@@ -41,7 +44,7 @@ class SweepDisplay:
         self.progress.__exit__(*exc)
 
     def say(self, text: str) -> None:
-        self.console.print(text, style="dim", highlight=False, markup=False)
+        self.console.print(self.secrets.scrub(text), style="dim", highlight=False, markup=False)
 
     def level_start(self, conc: int, trial: int, total: int):
         if self.sweep_task is None and len(self.planned) > 1:
@@ -84,6 +87,7 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
     from k2bench.harness.commands.runs import points_table
 
     err = table_console(stderr=True)
+    secrets = redact.sweep_secrets(cfg)
     if result.points:
         m = result.meta
         title = (f"run {result.run_id} ({result.status}): {m.get('engine')} {m.get('model')}, {m.get('workload')}, "
@@ -92,13 +96,13 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
     for p in result.points:
         if not p["valid"]:
             err.print(f"level conc {p['concurrency']} is invalid (kept, left out of frontiers and the gate): "
-                      f"{p['invalid_reason']}", style="yellow", highlight=False, markup=False)
+                      f"{secrets.scrub(str(p['invalid_reason']))}", style="yellow", highlight=False, markup=False)
     bad = sum(p["failed"] for p in result.points)
     if bad:
         first = next((e for p in result.points for e in p.get("errors") or []), "")
-        err.print(f"{bad} request(s) failed; first error: {first}", style="yellow", highlight=False, markup=False)
+        err.print(f"{bad} request(s) failed; first error: {secrets.scrub(first)}", style="yellow", highlight=False, markup=False)
     if result.exit_code == EXIT_SERVER:
-        err.print(f"k2bench: error: {result.problem}", highlight=False, markup=False)
+        err.print(f"k2bench: error: {secrets.scrub(str(result.problem))}", highlight=False, markup=False)
     if result.exit_code in (EXIT_SERVER, EXIT_INTERRUPTED):
         if result.run_id is None:
             err.print("no level finished; nothing was stored", highlight=False, markup=False)
@@ -112,6 +116,6 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
         return
     if cfg.json_path:
         err.print(f"wrote {cfg.json_path}", highlight=False, markup=False)
-    db_arg = f" --db {db}" if db else ""
+    db_arg = f" --db {shlex.quote(secrets.scrub(db))}" if db else ""
     err.print(f"see it in the dashboard: k2bench dashboard{db_arg}   (then open http://{DEFAULT_HOST}:{DEFAULT_PORT})",
               highlight=False, markup=False)

@@ -45,6 +45,44 @@ def test_submit_without_sbatch_says_so(tmp_path, monkeypatch, capsys) -> None:
         fleet.submit_slurm(suites.load(SMOKE), [])
 
 
+def _fake_sbatch(folder: Path) -> Path:
+    """An sbatch stand-in on PATH: records the script's mode, its text and the K2BENCH_DB it was handed."""
+    fake = folder / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/bash\nscript="${@: -1}"\nstat -c %a "$script" > "$(dirname "$0")/mode"\n'
+                    'cp "$script" "$(dirname "$0")/script"\nprintf %s "${K2BENCH_DB:-}" > "$(dirname "$0")/db"\n'
+                    'echo 4242\n')
+    fake.chmod(0o755)
+    return fake.parent
+
+
+def test_a_database_password_reaches_the_tasks_through_the_environment_not_the_script(tmp_path, monkeypatch,
+                                                                                       capsys) -> None:
+    bin_dir = _fake_sbatch(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    db = "postgresql+psycopg2://bench:Sb4tchPw@db.example:5432/k2"
+    assert main(["suite", "submit", str(SMOKE), "--slurm", "--db", db, "--out", str(tmp_path / "out")]) == 0
+    assert "submitted Slurm array 4242" in capsys.readouterr().out
+    script = (bin_dir / "script").read_text()
+    assert (bin_dir / "mode").read_text().strip() == "600" and (bin_dir / "db").read_text() == db
+    assert "Sb4tchPw" not in script and "--db" not in script and ': "${K2BENCH_DB:?' in script
+    (written,) = (tmp_path / "out").glob("*/array.sbatch")
+    assert written.stat().st_mode & 0o077 == 0
+    # a task started without the variable stops at once, saying why
+    out = subprocess.run(["bash", "-c", script.replace("exec ", "echo ")], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_ARRAY_TASK_ID": "0"})
+    assert out.returncode != 0 and "K2BENCH_DB" in out.stderr and "--export" in out.stderr
+    # an --export list that would leave the variable behind is refused before anything is submitted
+    code = main(["suite", "submit", str(SMOKE), "--slurm", "--db", db, "--sbatch-arg=--export=NONE",
+                 "--out", str(tmp_path / "out2")])
+    assert code == 2 and "--export=NONE,K2BENCH_DB" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()
+    # a URL without a password stays in the script, where it documents the run
+    assert main(["suite", "submit", str(SMOKE), "--slurm", "--db", "sqlite:////shared/k.db",
+                 "--out", str(tmp_path / "out3")]) == 0
+    assert "--db sqlite:////shared/k.db" in (bin_dir / "script").read_text()
+
+
 def _slurm_reason() -> str | None:
     """Why no Slurm cluster can take jobs here (None when one can)."""
     if not shutil.which("sbatch") or not shutil.which("sinfo"):

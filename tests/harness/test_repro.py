@@ -1,8 +1,10 @@
-"""The reproducible record: secrets never stored, and `show --repro` re-runs the measurement."""
+"""The reproducible record: secrets never stored, and `show --repro` re-runs the measurement (the masking
+rules themselves: test_redact.py)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,23 +14,6 @@ import pytest
 from k2bench.harness import repro
 from k2bench.harness.cli import main
 from k2bench.harness.store import Store
-
-
-def test_secrets_are_masked_in_arguments_commands_and_environment() -> None:
-    argv = ["sweep", "--api-key", "s3cret", "--db", "postgresql://bench:pw0rd@db.example/k2",
-            "--server-args", "--hf-token=abc123 --tp 4", "--token=t0k", "--conc", "4"]
-    masked = repro.mask_argv(argv)
-    text = " ".join(masked)
-    for secret in ("s3cret", "pw0rd", "abc123", "t0k"):
-        assert secret not in text
-    assert masked[:3] == ["sweep", "--api-key", "***"] and "postgresql://bench:***@db.example/k2" in masked
-    assert "'--hf-token=***' --tp 4" in masked and "--token=***" in masked and masked[-2:] == ["--conc", "4"]
-    env = repro.mask_env({"HF_TOKEN": "x", "OPENAI_API_KEY": "y", "OMP_NUM_THREADS": "1",
-                          "K2BENCH_DB": "postgresql://u:p@h/d"})
-    assert env == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***", "OMP_NUM_THREADS": "1",
-                   "K2BENCH_DB": "postgresql://u:***@h/d"}
-    cmd = repro.mask_command("AITER_X=1 SECRET_KEY=zz python3 -m srv --api-key k9 --port 8")
-    assert cmd == "AITER_X=1 SECRET_KEY='***' python3 -m srv --api-key '***' --port 8"
 
 
 def test_the_run_stores_its_record_without_secrets(tmp_path, capsys, monkeypatch) -> None:
@@ -83,3 +68,46 @@ def test_show_repro_rerun_in_a_clean_shell_reproduces_the_levels(tmp_path, capsy
     for column in ("ttft_ms_median", "tpot_ms_median"):  # the test server's timing, within noise
         for conc in (1, 2):
             assert again.loc[conc, column] == pytest.approx(first.loc[conc, column], rel=0.25), (column, conc)
+
+
+def test_show_repro_is_shell_safe_whatever_the_stored_fields_hold(tmp_path) -> None:
+    """Stored strings (an imported or tampered record) land in comments or quoted words, never as a line
+    bash runs: piping the script to bash creates none of the files the fields ask for."""
+    def evil(n: int) -> str:
+        return f"x\ntouch {tmp_path}/pwned{n}\r\ntouch {tmp_path}/pwned{n}b #"
+
+    run = {"id": 7, "status": evil(1), "started_at": evil(2), "commit": evil(3), "branch": evil(4),
+           "hardware": evil(5), "extra": {"git_dirty": True, "repro": {
+               "versions": {"python": evil(6)}, "gpus": [{"name": evil(7)}],
+               "workload": {"name": evil(8), "isl": evil(9)}, "seeds": evil(10), "server_command": evil(11),
+               "server_env": {f"X=1;touch {tmp_path}/pwned12;Y": "v", "OK": f"$(touch {tmp_path}/pwned13)",
+                              "HF_TOKEN": "***"},
+               "command": [f"touch {tmp_path}/pwned14;", "sweep", "--notes", evil(15), "--json", "f"]}}}
+    text = repro.script(run, 1)
+    command = text[text.index("\nk2bench ") + 1:]  # the stored first word is not run, --json left out
+    assert shlex.split(command) == ["k2bench", "sweep", "--notes", evil(15)]
+    # k2bench itself stubbed out: what runs is the script's own lines
+    out = subprocess.run(["bash", "-c", "k2bench() { :; }\n" + text], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert "# (an environment entry whose name is not a shell variable name, left out:" in text
+    run["extra"]["repro"].pop("server_command")
+    run["extra"]["repro"]["base_url"] = evil(16)
+    subprocess.run(["bash", "-c", "k2bench() { :; }\n" + repro.script(run, 1)], cwd=tmp_path, check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_show_repro_masks_a_record_stored_before_secrets_were_masked() -> None:
+    run = {"id": 3, "status": "complete", "started_at": "2026-11-01", "commit": None, "hardware": "cpu",
+           "extra": {"repro": {
+               "versions": {}, "gpus": [], "workload": {"name": "w"}, "seeds": "",
+               "base_url": "http://u:OldUrlPw@h:8000", "server_command": None,
+               "server_env": {"MY_DB_PASS": "OldEnvPw", "K2BENCH_DB": "postgresql://u:OldDbPw@h/d", "PWD": "/home/x"},
+               "command": ["k2bench", "sweep", "--url", "http://u:OldUrlPw@h:8000", "--api-key", "OldKey",
+                           "--notes", "x?token=OldTok"]}}}
+    text = repro.script(run, 1)
+    for old in ("OldUrlPw", "OldEnvPw", "OldDbPw", "OldKey", "OldTok"):
+        assert old not in text
+    assert "# export MY_DB_PASS=...   (a secret: set it yourself)" in text and "export PWD=/home/x" in text
+    assert "# export K2BENCH_DB=postgresql://u:***@h/d   (put the masked secret back" in text
+    assert "the server at http://u:***@h:8000 was started outside k2bench" in text
