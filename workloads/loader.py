@@ -53,7 +53,8 @@ class Workload:
         """This workload with ISL/OSL overridden (the name says so when they differ)."""
         if (isl is None or isl == self.isl) and (osl is None or osl == self.osl):
             return self
-        new_isl, new_osl = isl or self.isl, osl or self.osl
+        new_isl = self.isl if isl is None else isl  # 0 is a value (refused by the Workload), not "not given"
+        new_osl = self.osl if osl is None else osl
         return replace(self, name=f"{self.name}@isl{new_isl}-osl{new_osl}", isl=new_isl, osl=new_osl)
 
 
@@ -107,7 +108,8 @@ def resolve(name: str | None, isl: int | None, osl: int | None) -> Workload:
     if isl is None and osl is None:
         return load("8k1k")
     base = load("8k1k")
-    isl, osl = isl or base.isl, osl or base.osl
+    isl = base.isl if isl is None else isl
+    osl = base.osl if osl is None else osl
     for known in available():
         w = load(known)
         if (w.isl, w.osl, w.range_ratio, w.mode) == (isl, osl, 1.0, "tokens"):
