@@ -148,9 +148,9 @@ SETTINGS: tuple[Setting, ...] = (
       commands=SWEEP_ONLY, key=False),
     S("engine", str, "server", "launch a server through this recipe (bundled, atom, vllm, sglang, testserver; "
       "default bundled)", commands=SWEEP_ONLY, example="testserver"),
-    S("server_cmd", str, "server", "launch this command line instead of a recipe (the custom recipe): {port} "
-      "(a free port k2bench picks; required), {host}, {model}, {tp} and {python} are filled in",
-      commands=SWEEP_ONLY, metavar="CMD", example="python -m my_server --port {port}"),
+    S("server_cmd", str, "server", "launch this command line instead of a recipe (the custom recipe; backfill "
+      "and bisect need it and run it in each commit's worktree): {port} (a free port k2bench picks; required), "
+      "{host}, {model}, {tp} and {python} are filled in", metavar="CMD", example="python -m my_server --port {port}"),
     S("model", str, "server", "model path or id (default for bundled: the tiny model trained on tiny-arith, "
       "cached; for a backfill: the server's first model, recorded as 'default')", example="/models/k2"),
     S("tp", int, "server", "tensor parallel size", default=1, check=at_least(1), example=2),
@@ -315,7 +315,7 @@ def _read(cfg: SweepConfig, s: Setting) -> Any:
 
 def build(given: Mapping[str, Any], base: SweepConfig | None = None, **context: Any) -> SweepConfig:
     """The SweepConfig of ``given`` settings over ``base`` (default: every declared default, and the
-    environment's values); ``context`` sets fields that are no setting (db, command_line, ...)."""
+    environment's values), checked; ``context`` sets fields that are no setting (db, command_line, ...)."""
     from dataclasses import replace
 
     from k2bench.harness.sweep import SweepConfig
@@ -342,7 +342,9 @@ def build(given: Mapping[str, Any], base: SweepConfig | None = None, **context: 
         top["workload"] = loader.resolve(*(given.get(k) for k in WORKLOAD_KEYS))
     for outer, fields in nested.items():
         top[outer] = replace(getattr(base, outer), **fields)
-    return replace(base, **top)
+    cfg = replace(base, **top)
+    validate(cfg)
+    return cfg
 
 
 def validate(cfg: SweepConfig) -> None:

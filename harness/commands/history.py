@@ -11,9 +11,6 @@ from k2bench.harness.commands.common import add_db_arg
 
 def _common(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--repo", required=True, help="the git repository whose commits are measured")
-    p.add_argument("--server-cmd", required=True,
-                   help="server command, run in the commit's worktree; {port} (chosen by k2bench), {host}, "
-                        "{model}, {tp} are filled in")
     p.add_argument("--setup", help="shell command run in each worktree before the server (e.g. pip install -e .)")
     settings.add_flags(p, command, extra={"recording": add_db_arg})
 
@@ -47,20 +44,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--threshold", type=float, default=0.05, help="relative change that matters (default 0.05)")
     s.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     s.add_argument("--max-remeasure", type=int, default=2, help="re-measurements of an inconclusive commit")
-    s.add_argument("--json", dest="json_path", metavar="PATH", help="write k2bench.bisect/1 JSON")
+    s.add_argument("--json", dest="bisect_json", metavar="PATH", help="write k2bench.bisect/1 JSON")
     _common(s, settings.BISECT)
     s.set_defaults(handler=_bisect)
 
 
 def _bench(args: argparse.Namespace):
+    from k2bench.errors import UserError
     from k2bench.harness import gitrepo
     from k2bench.harness.backfill import CommitBench
 
-    cfg = settings.build(settings.from_args(args, args.command), db=args.db)
+    given = settings.from_args(args, args.command)
+    server_cmd = given.pop("server_cmd", None)  # the bench launches it per commit; the sweep attaches
+    if not server_cmd:
+        raise UserError(f"{args.command} needs --server-cmd: the server command run in each commit's worktree")
+    cfg = settings.build(given, db=args.db)
     from k2bench.harness.recipes import custom
 
-    custom(args.server_cmd)  # a bad command fails here, before any worktree is made
-    return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=args.server_cmd, cfg=cfg, setup=args.setup,
+    custom(server_cmd)  # a bad command fails here, before any worktree is made
+    return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=server_cmd, cfg=cfg, setup=args.setup,
                        say=lambda text: print(text, flush=True))
 
 
@@ -109,8 +111,8 @@ def _bisect(args: argparse.Namespace) -> int:
               f"  {step.commit.subject[:60]}")
     print(result.message)
     print(f"{result.measured} commit(s) measured by this call")
-    if args.json_path:
-        write_json(result, args.json_path)
+    if args.bisect_json:
+        write_json(result, args.bisect_json)
     return 0 if result.first_bad else 1
 
 
