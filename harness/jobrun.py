@@ -21,7 +21,7 @@ SUITE_TAG, JOB_TAG = "suite", "suite_job"
 def job_config(suite: Suite, job: Job, base: SweepConfig | None = None) -> SweepConfig:
     """The SweepConfig of one job: its fields over ``base``, which carries what the command line adds
     (db, commit, tags, ...; default: the declared defaults)."""
-    cfg = settings.build(settings.from_table(job.fields, f"{suite.path} job {job.id}"), base)
+    cfg = SweepConfig.from_settings(settings.from_table(job.fields, f"{suite.path} job {job.id}"), base)
     return replace(cfg, tags={**cfg.tags, SUITE_TAG: suite.name, JOB_TAG: job.id})
 
 

@@ -2,11 +2,12 @@
 flag, suite-file key and environment variable.
 
 `k2bench sweep`, `backfill`, `bisect` and `suite run` add their flags from `SETTINGS` (`add_flags`) and
-build their `SweepConfig` through `build`; suite files are read through `from_table`, so a key of a
-suite file and a flag of a command are the same setting, parsed and checked by the same code. A new
+build their `SweepConfig` through it (`SweepConfig.from_settings`); suite files are read through
+`from_table`, so a key of a suite file and a flag of a command are the same setting, parsed and checked
+by the same code. A new
 setting is one `Setting(...)` below plus the code that uses its value (docs/development.md says how).
 
-Cheap to import (argparse only): `SweepConfig` and the workloads are imported when a config is built.
+Cheap to import (argparse only); it never imports the sweep, which imports it.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ import argparse
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from k2bench.errors import UserError
 from k2bench.harness.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
 
-if TYPE_CHECKING:
-    from k2bench.harness.sweep import SweepConfig
-
+Config = TypeVar("Config")  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
 SWEEP, BACKFILL, BISECT, SUITE_RUN = "sweep", "backfill", "bisect", "suite run"
 COMMANDS = (SWEEP, BACKFILL, BISECT, SUITE_RUN)
@@ -106,7 +105,7 @@ class Setting:
     metavar: str | None = None
     attr: str | None = None
     store: Callable[[Any], dict[str, Any]] | None = None
-    read: Callable[[SweepConfig], Any] | None = None
+    read: Callable[[Config], Any] | None = None
     example: Any = None  # a valid value, for tests and docs
     cli: str | None = None  # the flag, when it is not --NAME with dashes
 
@@ -137,7 +136,7 @@ def _store_count(prefix: str) -> Callable[[Count], dict[str, Any]]:
     return lambda c: {prefix: c.n, f"{prefix}_x": c.x}
 
 
-def _read_count(prefix: str) -> Callable[[SweepConfig], Count]:
+def _read_count(prefix: str) -> Callable[[Config], Count]:
     return lambda cfg: Count(getattr(cfg, prefix), getattr(cfg, f"{prefix}_x"))
 
 
@@ -304,7 +303,7 @@ def _targets(s: Setting, value: Any) -> dict[str, Any]:
     return {s.attr or s.name: value}
 
 
-def _read(cfg: SweepConfig, s: Setting) -> Any:
+def _read(cfg: Any, s: Setting) -> Any:
     if s.read:
         return s.read(cfg)
     obj: Any = cfg
@@ -313,26 +312,28 @@ def _read(cfg: SweepConfig, s: Setting) -> Any:
     return obj
 
 
-def build(given: Mapping[str, Any], base: SweepConfig | None = None, **context: Any) -> SweepConfig:
-    """The SweepConfig of ``given`` settings over ``base`` (default: every declared default, and the
-    environment's values), checked; ``context`` sets fields that are no setting (db, command_line, ...)."""
+def defaults() -> dict[str, Any]:
+    """Every declared default, and the values the environment gives (e.g. K2BENCH_API_KEY)."""
+    start = {s.name: s.default for s in SETTINGS if s.default is not None}
+    start.update({s.name: os.environ[s.env] for s in SETTINGS if s.env and os.environ.get(s.env)})
+    start["conc"] = parse_concurrency(start["conc"], "conc")
+    return start
+
+
+def apply(base: Config, given: Mapping[str, Any], **context: Any) -> Config:
+    """``base`` (a SweepConfig) with the ``given`` settings in their fields, checked; ``context`` sets
+    fields that are no setting (db, command_line, ...). `SweepConfig.from_settings` starts it from
+    `defaults()`."""
     from dataclasses import replace
 
-    from k2bench.harness.sweep import SweepConfig
     from k2bench.workloads import loader
 
-    if base is None:
-        start = {s.name: s.default for s in SETTINGS if s.default is not None and s.name not in WORKLOAD_KEYS}
-        start.update({s.name: os.environ[s.env] for s in SETTINGS if s.env and os.environ.get(s.env)})
-        start["conc"] = parse_concurrency(start["conc"], "conc")
-        base = build(start, SweepConfig(levels=[1], workload=loader.resolve(None, None, None)))
     top: dict[str, Any] = dict(context)
     nested: dict[str, dict[str, Any]] = {}
     for name, value in given.items():
-        s = BY_NAME[name]
         if name in WORKLOAD_KEYS:
             continue
-        for target, v in _targets(s, value).items():
+        for target, v in _targets(BY_NAME[name], value).items():
             outer, _, inner = target.partition(".")
             if inner:
                 nested.setdefault(outer, {})[inner] = v
@@ -347,7 +348,7 @@ def build(given: Mapping[str, Any], base: SweepConfig | None = None, **context: 
     return cfg
 
 
-def validate(cfg: SweepConfig) -> None:
+def validate(cfg: Any) -> None:
     """Every check of a config, whoever built it: each setting's own check on the value the config
     holds, then the checks between settings."""
     given = [s.flag for s in (BY_NAME["url"], BY_NAME["engine"], BY_NAME["server_cmd"]) if _read(cfg, s)]

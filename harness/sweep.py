@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +67,17 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+
+    @classmethod
+    def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
+                      **context: object) -> SweepConfig:
+        """The config of ``given`` settings (`settings.from_args` / `from_table`) over ``base``, which
+        defaults to the declared defaults; checked."""
+        if base is None:
+            from k2bench.workloads.loader import resolve
+
+            base = settings.apply(cls(levels=[1], workload=resolve(None, None, None)), settings.defaults())
+        return settings.apply(base, given, **context)
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:

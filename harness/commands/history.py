@@ -53,12 +53,13 @@ def _bench(args: argparse.Namespace):
     from k2bench.errors import UserError
     from k2bench.harness import gitrepo
     from k2bench.harness.backfill import CommitBench
+    from k2bench.harness.sweep import SweepConfig
 
     given = settings.from_args(args, args.command)
     server_cmd = given.pop("server_cmd", None)  # the bench launches it per commit; the sweep attaches
     if not server_cmd:
         raise UserError(f"{args.command} needs --server-cmd: the server command run in each commit's worktree")
-    cfg = settings.build(given, db=args.db)
+    cfg = SweepConfig.from_settings(given, db=args.db)
     from k2bench.harness.recipes import custom
 
     custom(server_cmd)  # a bad command fails here, before any worktree is made

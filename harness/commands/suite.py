@@ -74,10 +74,11 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from k2bench.harness import jobrun, suites
+    from k2bench.harness.sweep import SweepConfig
 
     suite = suites.load(args.file)
     jobs = suite.select(args.only)
-    base = settings.build(settings.from_args(args, settings.SUITE_RUN), db=args.db)
+    base = SweepConfig.from_settings(settings.from_args(args, settings.SUITE_RUN), db=args.db)
     outcomes = jobrun.run_suite(suite, jobs, base, say=lambda text: print(text, flush=True))
     counts: dict[str, int] = {}
     for o in outcomes:

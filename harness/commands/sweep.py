@@ -52,8 +52,10 @@ def default_evals(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 
 
 def _config(args: argparse.Namespace):
+    from k2bench.harness.sweep import SweepConfig
+
     given = settings.from_args(args, settings.SWEEP)
-    cfg = settings.build(given, db=args.db, command_line=getattr(args, "argv", None))
+    cfg = SweepConfig.from_settings(given, db=args.db, command_line=getattr(args, "argv", None))
     if "eval" not in given:
         cfg.evals = default_evals(args)
     return cfg

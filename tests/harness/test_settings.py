@@ -14,6 +14,7 @@ from k2bench.harness import settings, suites
 from k2bench.harness.cli import build_parser, main
 from k2bench.harness.jobrun import job_config
 from k2bench.harness.settings import SETTINGS
+from k2bench.harness.sweep import SweepConfig
 from k2bench.workloads import loader
 
 SUBCOMMANDS = {settings.SWEEP: ["sweep"], settings.BACKFILL: ["backfill"], settings.BISECT: ["bisect"],
@@ -59,13 +60,13 @@ def test_a_flag_lands_in_the_config(s: settings.Setting) -> None:
     for command in s.commands:
         args = build_parser().parse_args([*SUBCOMMANDS[command], *NEEDED[command], *_argv(s)])
         given = settings.from_args(args, command)
-        cfg = settings.build(given)
+        cfg = SweepConfig.from_settings(given)
         expected = True if s.kind is bool else s.parse(s.example, s.flag)
         if s.name in settings.WORKLOAD_KEYS:
             assert getattr(cfg.workload, s.name if s.name != "workload" else "name") == expected
         else:
             assert settings._read(cfg, s) == expected, (command, s.name)
-            assert settings._read(settings.build({}), s) != expected  # the flag, not the default, put it there
+            assert settings._read(SweepConfig.from_settings({}), s) != expected  # the flag, not the default, put it there
 
 
 @pytest.mark.parametrize("s", list(settings.FILE_KEYS.values()), ids=lambda s: s.name)
@@ -142,8 +143,6 @@ def test_the_command_line_is_checked_by_the_same_declaration(argv: list[str], me
 
 
 def test_a_config_built_by_hand_is_checked_by_the_declaration_too() -> None:
-    from k2bench.harness.sweep import SweepConfig
-
     w = loader.resolve(None, 8, 8)
     with pytest.raises(UserError, match="--trials must be at least 1"):
         SweepConfig(levels=[1], workload=w, trials=0).validate()
@@ -156,8 +155,8 @@ def test_a_config_built_by_hand_is_checked_by_the_declaration_too() -> None:
 
 def test_defaults_and_the_environment_come_from_the_declaration(monkeypatch) -> None:
     monkeypatch.setenv(settings.API_KEY_ENV, "k")
-    cfg = settings.build({})
+    cfg = SweepConfig.from_settings({})
     assert cfg.levels == [4, 8, 16, 32, 64, 128] and cfg.workload.name == settings.DEFAULT_WORKLOAD
     assert cfg.api_key == "k" and cfg.timeout_s == settings.default("timeout")
     monkeypatch.delenv(settings.API_KEY_ENV)
-    assert settings.build({}).api_key is None
+    assert SweepConfig.from_settings({}).api_key is None
