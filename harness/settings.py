@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from k2bench.errors import UserError
 from k2bench.harness.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
+from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 
 Config = TypeVar("Config")  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
@@ -27,7 +28,6 @@ SWEEP, BACKFILL, BISECT, SUITE_RUN = "sweep", "backfill", "bisect", "suite run"
 COMMANDS = (SWEEP, BACKFILL, BISECT, SUITE_RUN)
 EVERYWHERE = frozenset({SWEEP, BACKFILL, BISECT})  # where a new setting goes unless it says otherwise
 API_KEY_ENV = "K2BENCH_API_KEY"
-DEFAULT_WORKLOAD = "8k1k"
 
 GROUPS = {  # help group of each kind of setting, in --help order
     "server": "server (attach with --url, or launch with --engine)",

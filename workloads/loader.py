@@ -21,6 +21,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_TOKEN_RANGE = (1000, 30000)
+DEFAULT = "8k1k"  # the workload of a sweep that names none (InferenceX's headline 8k/1k)
 MODES = ("tokens", "text")
 _KEYS = {"name", "description", "isl", "osl", "range_ratio", "mode", "seed", "token_id_range"}
 
@@ -102,12 +103,12 @@ def load(name_or_path: str) -> Workload:
 
 def resolve(name: str | None, isl: int | None, osl: int | None) -> Workload:
     """The workload a sweep runs: --workload (with --isl/--osl overriding), else the definition
-    whose lengths match --isl/--osl exactly, else an ad-hoc exact-length one; 8k1k by default."""
+    whose lengths match --isl/--osl exactly, else an ad-hoc exact-length one; DEFAULT when nothing is given."""
     if name:
         return load(name).with_lengths(isl, osl)
     if isl is None and osl is None:
-        return load("8k1k")
-    base = load("8k1k")
+        return load(DEFAULT)
+    base = load(DEFAULT)
     isl = base.isl if isl is None else isl
     osl = base.osl if osl is None else osl
     for known in available():
