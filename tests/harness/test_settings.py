@@ -85,7 +85,7 @@ def test_every_suite_key_is_accepted_and_lands_in_the_job_config(tmp_path: Path,
 
 
 def test_keys_that_are_no_setting_are_refused(tmp_path: Path) -> None:
-    for key in ("seed", "url", "api_key", "concurrency"):
+    for key in ("engin", "url", "api_key", "concurrency"):  # a typo; settings a suite file may not carry
         path = tmp_path / f"{key}.toml"
         path.write_text(f"[[matrix]]\n{key} = 'x'\n")
         with pytest.raises(UserError, match=f"unknown field '{key}'"):
