@@ -16,13 +16,13 @@ import argparse
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from k2bench.errors import UserError
 from k2bench.harness.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 
-Config = TypeVar("Config")  # a SweepConfig: not imported, so that sweep.py may import this module
+Config = Any  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
 SWEEP, BACKFILL, BISECT, SUITE_RUN = "sweep", "backfill", "bisect", "suite run"
 COMMANDS = (SWEEP, BACKFILL, BISECT, SUITE_RUN)
@@ -89,7 +89,7 @@ def _price(v: float) -> None:
 @dataclass(frozen=True)
 class Setting:
     """One sweep setting. ``kind`` is its type: int, float, str, bool (a switch), "conc" (levels),
-    "count" (N or Kx per level), "list" (a repeatable flag). ``attr`` is where the value lands in
+    "count" (N or Kx per level), "tags" or "evals" (repeatable flags: KEY=VALUE, TASK[@CONC]). ``attr`` is where the value lands in
     `SweepConfig` (dotted into ``rules.`` / ``telemetry.``); ``store`` replaces that when one value
     fills several fields. ``key`` is False for a setting a suite file may not carry."""
 
@@ -115,7 +115,7 @@ class Setting:
 
     def toml_types(self) -> tuple[type, ...]:
         return {int: (int,), float: (int, float), str: (str,), bool: (bool,), "conc": (str, int, list),
-                "count": (str, int), "list": (list,)}[self.kind]
+                "count": (str, int), "tags": (list,), "evals": (list,)}[self.kind]
 
     def parse(self, raw: Any, name: str) -> Any:
         """The value of raw text or a TOML value, as the config holds it; UserError if malformed."""
@@ -123,9 +123,9 @@ class Setting:
             return parse_concurrency(",".join(map(str, raw)) if isinstance(raw, list) else str(raw), name)
         if self.kind == "count":
             return parse_count(str(raw), name)
-        if self.name == "tag":
+        if self.kind == "tags":
             return parse_tags(raw, name)
-        if self.name == "eval":
+        if self.kind == "evals":
             return parse_evals(raw, name)
         if self.kind is float:
             return float(raw)
@@ -182,7 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
     S("allow_osl_mismatch", bool, "validity", "keep a level valid when outputs differ from the requested "
       "length (default: invalid)", default=False, attr="rules.allow_osl_mismatch", example=True),
-    S("eval", "list", "accuracy", "evaluate TASK (k2bench eval --list) with CONC requests in flight (default: "
+    S("eval", "evals", "accuracy", "evaluate TASK (k2bench eval --list) with CONC requests in flight (default: "
       "the highest level) and store it with the run (repeatable). The bundled engine on its default model "
       "evaluates tiny-arith unless told otherwise; 'none' evaluates nothing", commands=SWEEP_ONLY, key=False,
       metavar="TASK[@CONC]", attr="evals"),
@@ -196,7 +196,7 @@ SETTINGS: tuple[Setting, ...] = (
       commands=frozenset({SWEEP, SUITE_RUN}), key=False),
     S("branch", str, "recording", "branch measured (default: the current git branch; for a backfill: the "
       "repo's branch holding the commit)", commands=frozenset({*EVERYWHERE, SUITE_RUN}), key=False),
-    S("tag", "list", "recording", "free-form tag KEY=VALUE (repeatable)", commands=frozenset({*EVERYWHERE, SUITE_RUN}),
+    S("tag", "tags", "recording", "free-form tag KEY=VALUE (repeatable)", commands=frozenset({*EVERYWHERE, SUITE_RUN}),
       key=False, metavar="KEY=VALUE", attr="tags"),
     S("gpus", int, "recording", "GPUs the server uses, for tok/s/GPU (default: --tp)", check=at_least(1), example=4),
     S("precision", str, "recording", "weight precision to record (default: from the model or recipe)",
@@ -247,7 +247,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
         kw: dict[str, Any] = {"dest": s.name, "default": None, "help": _help(s)}
         if s.kind is bool:
             kw["action"] = "store_true"
-        elif s.kind == "list":
+        elif s.kind in ("tags", "evals"):
             kw["action"] = "append"
         elif s.kind in (int, float):
             kw["type"] = s.kind
@@ -276,8 +276,8 @@ def check_value(key: str, raw: Any, where: str) -> Any:
     try:
         value = s.parse(raw, key)
         reason = s.check(value) if s.check else None
-    except UserError as exc:
-        raise UserError(f"{where}: {key} = {raw!r}: {exc}") from None
+    except UserError as exc:  # the parser's message names the key already
+        raise UserError(f"{where}: {exc}") from None
     if reason:
         raise UserError(f"{where}: {key} = {raw!r} {reason}")
     return value
