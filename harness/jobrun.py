@@ -10,36 +10,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from k2bench.errors import UserError
-from k2bench.harness.commands.sweep import parse_concurrency, parse_count
+from k2bench.harness import settings
 from k2bench.harness.provenance import git_commit
 from k2bench.harness.suites import Job, Suite
 from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
-from k2bench.workloads import loader as workloads
 
 SUITE_TAG, JOB_TAG = "suite", "suite_job"
 
 
 def job_config(suite: Suite, job: Job, base: SweepConfig | None = None) -> SweepConfig:
-    """The SweepConfig of one job; ``base`` carries what the command line adds (db, commit, tags...)."""
-    f = job.fields
-    conc = f.get("conc", "4..128")
-    levels = parse_concurrency(",".join(map(str, conc)) if isinstance(conc, list) else str(conc))
-    num_prompts, num_prompts_x = parse_count(None if f.get("num_prompts") is None else str(f["num_prompts"]),
-                                             "num_prompts")
-    warmup, warmup_x = parse_count(None if f.get("warmup") is None else str(f["warmup"]), "warmup")
-    cfg = base or SweepConfig(levels=levels, workload=workloads.load("8k1k"))
-    return replace(
-        cfg, levels=levels, workload=workloads.resolve(f.get("workload"), f.get("isl"), f.get("osl")),
-        engine=f.get("engine"), server_cmd=f.get("server_cmd"), model=f.get("model"), tp=int(f.get("tp", 1)), gpus=f.get("gpus"),
-        hardware=f.get("hardware") or cfg.hardware, server_args=f.get("server_args"),
-        precision=f.get("precision"), trials=int(f.get("trials", 1)), num_prompts=num_prompts,
-        num_prompts_x=num_prompts_x, warmup=warmup, warmup_x=warmup_x,
-        ready_timeout_s=f.get("ready_timeout"), timeout_s=float(f.get("timeout", cfg.timeout_s)),
-        tags={**cfg.tags, SUITE_TAG: suite.name, JOB_TAG: job.id},
-        # an entry's price and GPUs win over the command line's, like its hardware
-        telemetry=replace(cfg.telemetry, gpu_hour_usd=f.get("gpu_hour_usd", cfg.telemetry.gpu_hour_usd),
-                          gpu_ids=f.get("gpu_ids", cfg.telemetry.gpu_ids)),
-    )
+    """The SweepConfig of one job: its fields over ``base``, which carries what the command line adds
+    (db, commit, tags, ...; default: the declared defaults)."""
+    cfg = SweepConfig.from_settings(settings.from_table(job.fields, f"{suite.path} job {job.id}"), base)
+    return replace(cfg, tags={**cfg.tags, SUITE_TAG: suite.name, JOB_TAG: job.id})
 
 
 def stored_job_runs(store, commit: str | None, suite: str) -> dict[str, int]:

@@ -31,20 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k2bench.errors import UserError
+from k2bench.harness import settings
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# job field -> the Python types it accepts (a list of them expands, except for conc)
-FIELDS: dict[str, tuple[type, ...]] = {
-    "engine": (str,), "server_cmd": (str,), "model": (str,), "tp": (int,), "gpus": (int,),
-    "hardware": (str,), "workload": (str,), "isl": (int,), "osl": (int,), "conc": (str, int, list),
-    "num_prompts": (str, int), "warmup": (str, int), "trials": (int,), "server_args": (str,),
-    "precision": (str,), "ready_timeout": (int, float), "timeout": (int, float),
-    "gpu_hour_usd": (int, float), "gpu_ids": (str,),
-}
+# job field -> the TOML types it accepts (a list of them expands, except for conc): the sweep settings
+# that a suite file may carry, as `settings` declares them
+FIELDS: dict[str, tuple[type, ...]] = {key: s.toml_types() for key, s in settings.FILE_KEYS.items()}
 NO_EXPAND = {"conc"}
 TOP_LEVEL = {"suite", "defaults", "matrix", "include", "exclude"}
 SUITE_KEYS = {"name", "description"}
@@ -107,9 +103,10 @@ def _check_table(table, where: str) -> dict:
         if isinstance(value, list) and key not in NO_EXPAND and not value:
             raise UserError(f"{where}: {key} is an empty list, which would expand to no job")
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, FIELDS[key]):
+            if isinstance(v, bool) != (bool in FIELDS[key]) or not isinstance(v, FIELDS[key]):
                 kinds = " or ".join(t.__name__ for t in FIELDS[key])
                 raise UserError(f"{where}: {key} = {v!r} must be {kinds} (or a list of them)")
+            settings.check_value(key, v, where)  # isl = 0, conc = "3..5", ...: refused here, naming the key
     return table
 
 
@@ -160,8 +157,7 @@ def parse(doc: dict, path: Path) -> Suite:
     expanded += [job for entry in sections["include"] for job in _expand({**defaults, **entry})]
     jobs: dict[str, Job] = {}
     for fields in expanded:
-        if fields.get("engine") and fields.get("server_cmd"):
-            raise UserError(f"{where}: a job gives both engine and server_cmd: {fields}")
+        settings.check_job(fields, where)
         jid = job_id(fields)
         if jid not in jobs:  # an include that repeats a matrix job is the same job
             jobs[jid] = Job(jid, fields)

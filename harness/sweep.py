@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import crash, estimate, launch, provenance, redact, repro
+from k2bench.harness import crash, estimate, launch, provenance, redact, repro, settings
 from k2bench.harness.level_watch import LevelWatch
 from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.loadgen import run as run_async
@@ -30,7 +30,8 @@ from k2bench.workloads.loader import Workload
 
 @dataclass
 class SweepConfig:
-    """Everything a sweep needs; the CLI fills it, tests build it directly."""
+    """Everything a sweep needs; `settings.build` fills it from flags and suite files, tests build it
+    directly. The defaults and checks of its fields are declared in `settings`."""
 
     levels: list[int]
     workload: Workload
@@ -39,24 +40,24 @@ class SweepConfig:
     server_cmd: str | None = None  # launch this command line instead of a recipe (the custom recipe)
     server_cwd: str | None = None  # where the launched server runs (a backfilled commit's worktree)
     model: str | None = None
-    tp: int = 1
+    tp: int = settings.default("tp")
     num_prompts: int | None = None  # per level; default 10 x concurrency
     warmup: int | None = None  # per level; default 2 x concurrency
     num_prompts_x: float | None = None  # per level as a multiple of the concurrency ("--num-prompts 1x")
     warmup_x: float | None = None  # likewise for --warmup
-    trials: int = 1
+    trials: int = settings.default("trials")
     db: str | None = None
     json_path: str | None = None
     commit: str | None = None
     branch: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     gpus: int | None = None
-    timeout_s: float = 1800.0
+    timeout_s: float = settings.default("timeout")
     server_args: str | None = None
     precision: str | None = None
     hardware: str | None = None
     ready_timeout_s: float | None = None
-    log_dir: str = "results/logs"
+    log_dir: str = settings.default("log_dir")
     api_key: str | None = None
     notes: str | None = None
     rules: ValidityRules = field(default_factory=ValidityRules)
@@ -66,6 +67,17 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+
+    @classmethod
+    def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
+                      **context: object) -> SweepConfig:
+        """The config of ``given`` settings (`settings.from_args` / `from_table`) over ``base``, which
+        defaults to the declared defaults; checked."""
+        if base is None:
+            from k2bench.workloads.loader import resolve
+
+            base = settings.apply(cls(levels=[1], workload=resolve(None, None, None)), settings.defaults())
+        return settings.apply(base, given, **context)
 
     def prompts_for(self, conc: int) -> int:
         if self.num_prompts is not None:
@@ -82,32 +94,8 @@ class SweepConfig:
                 for _ in range(self.trials)]
 
     def validate(self) -> None:
-        given = [flag for flag, v in (("--url", self.url), ("--engine", self.engine),
-                                      ("--server-cmd", self.server_cmd)) if v]
-        if len(given) > 1:
-            raise UserError(f"give either --url (attach to a running server) or --engine / --server-cmd (launch "
-                            f"one), not both ({' and '.join(given)})")
-        for name in ("tp", "trials"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be at least 1")
-        if self.gpus is not None and self.gpus < 1:
-            raise UserError("--gpus must be at least 1")
-        if self.num_prompts is not None and self.num_prompts < 1:
-            raise UserError("--num-prompts must be at least 1")
-        if self.warmup is not None and self.warmup < 0:
-            raise UserError("--warmup must be 0 or more")
-        if self.num_prompts_x is not None and self.num_prompts_x <= 0:
-            raise UserError("--num-prompts as a multiple of the concurrency must be positive (e.g. 1x)")
-        if self.warmup_x is not None and self.warmup_x < 0:
-            raise UserError("--warmup as a multiple of the concurrency must be 0 or more (e.g. 0.5x)")
-        if self.timeout_s <= 0:
-            raise UserError("--timeout must be positive")
-        if self.level_timeout_s is not None and self.level_timeout_s <= 0:
-            raise UserError("--level-timeout must be positive")
-        self.rules.validate()
-        if not self.levels:
-            raise UserError("--conc gave no levels")
-        self.telemetry.validate()
+        """Every check, in one place: the declaration of the settings (`settings.validate`)."""
+        settings.validate(self)
 
 
 @dataclass

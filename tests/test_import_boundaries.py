@@ -4,7 +4,11 @@
 - harness/ reaches k2bench.engine only through the thin CLI doors harness/commands/serve.py and
   harness/commands/engine.py, and there only inside functions (so the harness installs and starts
   without torch);
-- dashboard/ never imports k2bench.engine.
+- dashboard/ never imports k2bench.engine;
+- nothing outside harness/commands/ imports k2bench.harness.commands (the commands are the top: argument
+  handling and printing; only harness/cli.py loads them, by name);
+- no import circle between files (inside a folder or across): module A importing B that imports A, however
+  long the loop. A package's __init__.py only hands names on, so an import of a package is not followed.
 
 Every import statement counts, wherever it sits (TYPE_CHECKING blocks and functions included), as does
 `importlib.import_module("<constant>")`.
@@ -21,6 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("engine", "workloads", "harness", "dashboard")  # each is the package k2bench.<folder>
 ENGINE_DOORS = ("harness/commands/serve.py", "harness/commands/engine.py")
+COMMANDS = "k2bench.harness.commands"
+COMMAND_LOADER = "harness/cli.py"
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,10 @@ def violations(imports: list[Import]) -> list[str]:
             for other in ("k2bench.harness", "k2bench.dashboard"):
                 if _under(imp.module, other):
                     bad.setdefault((imp.file, imp.line), f"{where}: {folder}/ must not import {other}")
+        if (_under(imp.module, COMMANDS) and not imp.file.startswith("harness/commands/")
+                and imp.file != COMMAND_LOADER):
+            bad.setdefault((imp.file, imp.line), f"{where}: only the commands import the commands; move what "
+                           "is shared out of harness/commands/")
         if folder == "dashboard" and _under(imp.module, "k2bench.engine"):
             bad.setdefault((imp.file, imp.line), f"{where}: the dashboard must not import the engine")
         if folder == "harness" and _under(imp.module, "k2bench.engine"):
@@ -90,6 +100,54 @@ def violations(imports: list[Import]) -> list[str]:
                 bad.setdefault((imp.file, imp.line),
                                f"{where}: import the engine inside a function (lazily), not at module level")
     return list(bad.values())
+
+
+def module_of(rel: str) -> str:
+    parts = ["k2bench", *Path(rel).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def circles(imports: list[Import], files: list[str]) -> list[list[str]]:
+    """Each import circle among ``files`` (relative paths), as the files of one strongly connected
+    component (Tarjan's algorithm); [] when the graph has no loop."""
+    by_module = {module_of(f): f for f in files if not f.endswith("__init__.py")}
+    edges: dict[str, set[str]] = {f: set() for f in files}
+    for imp in imports:
+        target = by_module.get(imp.module)
+        if target and target != imp.file:
+            edges.setdefault(imp.file, set()).add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def files_of(root: Path = ROOT) -> list[str]:
+    return [p.relative_to(root).as_posix() for folder in FOLDERS for p in sorted((root / folder).rglob("*.py"))]
 
 
 def scan(root: Path = ROOT) -> list[Import]:
@@ -107,6 +165,25 @@ def test_the_tree_keeps_the_import_rules() -> None:
     assert violations(found) == []
 
 
+def test_no_import_circle() -> None:
+    assert circles(scan(), files_of()) == []
+
+
+@pytest.mark.parametrize("sources", [
+    {"harness/store/a.py": "from k2bench.harness.store.b import x\n",
+     "harness/store/b.py": "def f():\n    from k2bench.harness.store import a\n"},  # lazy imports count
+    {"engine/kernels/k.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..model.m import M\n",
+     "engine/model/m.py": "from k2bench.engine.model.p import P\n",
+     "engine/model/p.py": "from k2bench.engine.kernels import k\n"},  # across sub-folders, TYPE_CHECKING too
+])
+def test_an_import_circle_is_caught(sources: dict[str, str]) -> None:
+    imports = [imp for rel, text in sources.items() for imp in imports_of(text, rel)]
+    assert circles(imports, list(sources)) == [sorted(sources)]
+    first = next(iter(sources))  # break one arrow: no circle
+    rest = [imp for imp in imports if imp.file != first]
+    assert circles(rest, list(sources)) == []
+
+
 @pytest.mark.parametrize(("rel", "source", "complaint"), [
     ("engine/config.py", "from k2bench.harness.errors import UserError\n", "engine/ must not import k2bench.harness"),
     ("engine/model/layers.py", "from ...harness import loadgen\n", "engine/ must not import k2bench.harness"),
@@ -122,6 +199,9 @@ def test_the_tree_keeps_the_import_rules() -> None:
     ("harness/commands/serve.py", "from k2bench.engine.build import build_engine\n", "inside a function"),
     ("dashboard/app.py", "def page():\n    import k2bench.engine.runtime_config\n",
      "dashboard must not import the engine"),
+    ("harness/jobrun.py", "from k2bench.harness.commands.sweep import parse_count\n", "only the commands"),
+    ("harness/launch.py", "def f():\n    from k2bench.harness.commands import common\n", "only the commands"),
+    ("dashboard/app.py", "from k2bench.harness import commands\n", "only the commands"),
 ])
 def test_a_forbidden_import_is_caught(rel: str, source: str, complaint: str) -> None:
     found = violations(imports_of(source, rel))
@@ -134,6 +214,8 @@ def test_a_forbidden_import_is_caught(rel: str, source: str, complaint: str) -> 
     ("engine/server.py", "from k2bench.errors import UserError\nfrom k2bench.net import free_port\n"),
     ("dashboard/data.py", "from k2bench.harness.store import Store\n"),
     ("workloads/prompts.py", "from k2bench.workloads.loader import Workload\nfrom .loader import Workload\n"),
+    ("harness/commands/sweep.py", "from k2bench.harness.commands.common import add_db_arg\n"),
+    ("harness/cli.py", "import importlib\nimportlib.import_module('k2bench.harness.commands.sweep')\n"),
 ])
 def test_allowed_imports_pass(rel: str, source: str) -> None:
     assert violations(imports_of(source, rel)) == []

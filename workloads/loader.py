@@ -21,6 +21,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_TOKEN_RANGE = (1000, 30000)
+DEFAULT = "8k1k"  # the workload of a sweep that names none (InferenceX's headline 8k/1k)
 MODES = ("tokens", "text")
 _KEYS = {"name", "description", "isl", "osl", "range_ratio", "mode", "seed", "token_id_range"}
 
@@ -53,7 +54,8 @@ class Workload:
         """This workload with ISL/OSL overridden (the name says so when they differ)."""
         if (isl is None or isl == self.isl) and (osl is None or osl == self.osl):
             return self
-        new_isl, new_osl = isl or self.isl, osl or self.osl
+        new_isl = self.isl if isl is None else isl  # 0 is a value (refused by the Workload), not "not given"
+        new_osl = self.osl if osl is None else osl
         return replace(self, name=f"{self.name}@isl{new_isl}-osl{new_osl}", isl=new_isl, osl=new_osl)
 
 
@@ -101,13 +103,14 @@ def load(name_or_path: str) -> Workload:
 
 def resolve(name: str | None, isl: int | None, osl: int | None) -> Workload:
     """The workload a sweep runs: --workload (with --isl/--osl overriding), else the definition
-    whose lengths match --isl/--osl exactly, else an ad-hoc exact-length one; 8k1k by default."""
+    whose lengths match --isl/--osl exactly, else an ad-hoc exact-length one; DEFAULT when nothing is given."""
     if name:
         return load(name).with_lengths(isl, osl)
     if isl is None and osl is None:
-        return load("8k1k")
-    base = load("8k1k")
-    isl, osl = isl or base.isl, osl or base.osl
+        return load(DEFAULT)
+    base = load(DEFAULT)
+    isl = base.isl if isl is None else isl
+    osl = base.osl if osl is None else osl
     for known in available():
         w = load(known)
         if (w.isl, w.osl, w.range_ratio, w.mode) == (isl, osl, 1.0, "tokens"):

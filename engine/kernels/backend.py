@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     import torch
 
     from k2bench.engine.model.attn_meta import AttentionMetadata
-    from k2bench.engine.model.layers import Rotary
 
 
 class BackendError(ValueError):
@@ -23,6 +22,19 @@ class BackendError(ValueError):
 class AttentionPlan:
     """One step's attention plan: built once per forward by `plan_attention` (or `decode_plan`) and read by
     the same backend's `mla` in every layer. Opaque to the model; each backend subclasses it."""
+
+
+class Rotary(Protocol):
+    """What a backend uses of the model's rope (engine/model/layers.py's `Rotary` is one); declared here
+    so that the kernels do not import the model's layers, which reach the kernels through `Parallel`."""
+
+    mscale: float
+    interleave: bool
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor: ...
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor,
+                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class KernelBackend(Protocol):

@@ -10,21 +10,15 @@ import torch
 
 from k2bench.engine.runtime.block_manager import BlockManager, blocks_for
 from k2bench.engine.runtime.engine import LLMEngine
-from k2bench.engine.runtime.runner import ModelRunner, kv_block_bytes, kv_torch_dtype
-from k2bench.engine.runtime.runtime_config import RuntimeConfig
+from k2bench.engine.runtime.runner import KV_CODES, kv_block_bytes, kv_torch_dtype, make_runner
+from k2bench.engine.runtime.runtime_config import EngineConfigError, RuntimeConfig
 from k2bench.engine.runtime.scheduler import Scheduler
 from k2bench.net import free_port
 
 log = logging.getLogger(__name__)
 
-KV_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}
-KV_DTYPES = {v: k for k, v in KV_CODES.items()}
 DEVICES = ("auto", "cpu", "cuda")
 CPU_KV_CAP = 2 << 30  # default KV cache bytes on CPU (all ranks together), unless asked otherwise
-
-
-class EngineConfigError(ValueError):
-    """A setting that cannot work with this model or machine (the CLI shows it as a user error)."""
 
 
 @dataclass
@@ -48,12 +42,6 @@ def resolve_device(device: str, tp: int) -> str:
         if n < tp:
             raise EngineConfigError(f"--tp {tp} needs {tp} CUDA devices; this machine has {n}")
     return device
-
-
-def make_runner(model, cfg, *, num_blocks: int, block_size: int, kv_code: int, max_model_len: int,
-                max_rows: int, device: str, cuda_graphs: bool = False) -> ModelRunner:
-    return ModelRunner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_dtype=KV_DTYPES[kv_code],
-                       max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=cuda_graphs)
 
 
 def _mem_available() -> int:

@@ -51,7 +51,7 @@ def setup_all_reduce(model, mode: str, max_bytes: int, device: str) -> None:
 
     A forced one-shot that cannot run here is a settings error the CLI shows in one line."""
     from k2bench.engine.model.allreduce import OneShotUnavailable
-    from k2bench.engine.runtime.build import EngineConfigError
+    from k2bench.engine.runtime.runtime_config import EngineConfigError
 
     par = model.par
     try:
@@ -161,7 +161,7 @@ def _watch_parent(parent: int) -> None:
 
 def worker_main(spec: dict) -> None:
     from k2bench.engine.model.loader import load_model
-    from k2bench.engine.runtime.build import make_runner  # here to keep the module import light
+    from k2bench.engine.runtime.runner import make_runner  # here to keep the module import light
 
     rank, world = spec["rank"], spec["world_size"]
     threading.Thread(target=_watch_parent, args=(spec["parent"],), daemon=True).start()
@@ -190,7 +190,7 @@ def worker_main(spec: dict) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s tp-worker: %(message)s")
-    from k2bench.engine.runtime.build import EngineConfigError
+    from k2bench.engine.runtime.runtime_config import EngineConfigError
 
     try:
         worker_main(json.loads(sys.argv[1]))

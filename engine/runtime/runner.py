@@ -199,3 +199,14 @@ class ModelRunner:
         if logits is None:
             return []
         return sample(logits, seqs)
+
+
+# the KV dtype as a number, for rank 0 to send to the TP workers (build.py sends, distributed.py receives)
+KV_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}
+KV_DTYPES = {v: k for k, v in KV_CODES.items()}
+
+
+def make_runner(model, cfg, *, num_blocks: int, block_size: int, kv_code: int, max_model_len: int,
+                max_rows: int, device: str, cuda_graphs: bool = False) -> ModelRunner:
+    return ModelRunner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_dtype=KV_DTYPES[kv_code],
+                       max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=cuda_graphs)

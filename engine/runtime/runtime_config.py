@@ -10,6 +10,10 @@ ALL_REDUCE_MODES = ("auto", "nccl", "one-shot")  # what engine/model/allreduce.p
 ONE_SHOT_MAX_BYTES = 512 * 1024
 
 
+class EngineConfigError(ValueError):
+    """A setting that cannot work with this model or machine (the CLI shows it as a user error)."""
+
+
 @dataclass
 class RuntimeConfig:
     max_num_seqs: int = 256

@@ -5,35 +5,14 @@ from __future__ import annotations
 
 import argparse
 
+from k2bench.harness import settings
 from k2bench.harness.commands.common import add_db_arg
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--repo", required=True, help="the git repository whose commits are measured")
-    p.add_argument("--server-cmd", required=True,
-                   help="server command, run in the commit's worktree; {port} (chosen by k2bench), {host}, "
-                        "{model}, {tp} are filled in")
     p.add_argument("--setup", help="shell command run in each worktree before the server (e.g. pip install -e .)")
-    load = p.add_argument_group("sweep")
-    load.add_argument("--model", help="model to request and record (default: the server's first model, "
-                                      "recorded as 'default')")
-    load.add_argument("--tp", type=int, default=1)
-    load.add_argument("--gpus", type=int, default=None)
-    load.add_argument("--workload", help="workload name or .toml path")
-    load.add_argument("--isl", type=int)
-    load.add_argument("--osl", type=int)
-    load.add_argument("--conc", default="4..128", help="levels (default 4..128)")
-    load.add_argument("--num-prompts", default=None, metavar="N|Kx")
-    load.add_argument("--warmup", default=None, metavar="N|Kx")
-    load.add_argument("--trials", type=int, default=1)
-    load.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per-request timeout")
-    load.add_argument("--ready-timeout", type=float, default=None, metavar="S")
-    rec = p.add_argument_group("recording")
-    add_db_arg(rec)
-    rec.add_argument("--branch", help="branch to record (default: the repo's branch holding the commit)")
-    rec.add_argument("--hardware", help="hardware to record (default: detected)")
-    rec.add_argument("--tag", action="append", metavar="KEY=VALUE")
-    rec.add_argument("--log-dir", default="results/logs")
+    settings.add_flags(p, command, extra={"recording": add_db_arg})
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "stored as failed runs and the backfill goes on.")
     b.add_argument("rev_range", metavar="REV_RANGE")
     b.add_argument("--every", type=int, default=1, help="every Nth commit (the newest always)")
-    _common(b)
+    _common(b, settings.BACKFILL)
     b.set_defaults(handler=_backfill)
 
     s = sub.add_parser("bisect", help="find the first commit whose metric got worse (significance-aware)",
@@ -65,35 +44,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--threshold", type=float, default=0.05, help="relative change that matters (default 0.05)")
     s.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     s.add_argument("--max-remeasure", type=int, default=2, help="re-measurements of an inconclusive commit")
-    s.add_argument("--json", dest="json_path", metavar="PATH", help="write k2bench.bisect/1 JSON")
-    _common(s)
+    s.add_argument("--json", dest="bisect_json", metavar="PATH", help="write k2bench.bisect/1 JSON")
+    _common(s, settings.BISECT)
     s.set_defaults(handler=_bisect)
 
 
 def _bench(args: argparse.Namespace):
-    import os
-
     from k2bench.errors import UserError
     from k2bench.harness import gitrepo
     from k2bench.harness.backfill import CommitBench
-    from k2bench.harness.commands.sweep import parse_concurrency, parse_count, parse_tags
     from k2bench.harness.sweep import SweepConfig
-    from k2bench.workloads import loader
 
-    for name in ("isl", "osl"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1")
-    n, nx = parse_count(args.num_prompts, "--num-prompts")
-    w, wx = parse_count(args.warmup, "--warmup")
-    cfg = SweepConfig(levels=parse_concurrency(args.conc), workload=loader.resolve(args.workload, args.isl, args.osl),
-                      model=args.model, tp=args.tp, gpus=args.gpus, num_prompts=n, num_prompts_x=nx, warmup=w,
-                      warmup_x=wx, trials=args.trials, db=args.db, branch=args.branch, tags=parse_tags(args.tag),
-                      hardware=args.hardware, timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
-                      log_dir=args.log_dir, api_key=os.environ.get("K2BENCH_API_KEY") or None)
+    given = settings.from_args(args, args.command)
+    server_cmd = given.pop("server_cmd", None)  # the bench launches it per commit; the sweep attaches
+    if not server_cmd:
+        raise UserError(f"{args.command} needs --server-cmd: the server command run in each commit's worktree")
+    cfg = SweepConfig.from_settings(given, db=args.db)
     from k2bench.harness.recipes import custom
 
-    custom(args.server_cmd)  # a bad command fails here, before any worktree is made
-    return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=args.server_cmd, cfg=cfg, setup=args.setup,
+    custom(server_cmd)  # a bad command fails here, before any worktree is made
+    return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=server_cmd, cfg=cfg, setup=args.setup,
                        say=lambda text: print(text, flush=True))
 
 
@@ -142,8 +112,8 @@ def _bisect(args: argparse.Namespace) -> int:
               f"  {step.commit.subject[:60]}")
     print(result.message)
     print(f"{result.measured} commit(s) measured by this call")
-    if args.json_path:
-        write_json(result, args.json_path)
+    if args.bisect_json:
+        write_json(result, args.bisect_json)
     return 0 if result.first_bad else 1
 
 

@@ -217,7 +217,7 @@ def _import(args) -> int:
 
     if args.source:
         from k2bench.harness import importers
-        from k2bench.harness.commands.sweep import parse_tags
+        from k2bench.harness.settings_text import parse_tags
 
         opts = importers.ImportOptions(gpus=args.gpus, engine=args.engine, hardware=args.hardware,
                                        commit=args.commit, branch=args.branch, tags=parse_tags(args.tag))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from k2bench.harness import settings
 from k2bench.harness.commands.common import add_db_arg
 
 
@@ -48,12 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    add_db_arg(p)
-    p.add_argument("--commit", help="commit measured (default: git HEAD)")
-    p.add_argument("--branch", help="branch measured (default: the current git branch)")
-    p.add_argument("--tag", action="append", metavar="KEY=VALUE", help="extra tag on every run (repeatable)")
-    p.add_argument("--hardware", help="hardware to record for jobs that name none (default: detected)")
-    p.add_argument("--log-dir", default="results/logs", help="server logs (default results/logs)")
+    """What a suite file leaves to the command line (the database, and what is recorded)."""
+    settings.add_flags(p, settings.SUITE_RUN, extra={"recording": add_db_arg})
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -77,15 +74,11 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from k2bench.harness import jobrun, suites
-    from k2bench.harness.commands.sweep import parse_tags
     from k2bench.harness.sweep import SweepConfig
-    from k2bench.workloads import loader
 
     suite = suites.load(args.file)
     jobs = suite.select(args.only)
-    base = SweepConfig(levels=[1], workload=loader.load("8k1k"), db=args.db, commit=args.commit,
-                       branch=args.branch, tags=parse_tags(args.tag), hardware=args.hardware,
-                       log_dir=args.log_dir, api_key=os.environ.get("K2BENCH_API_KEY") or None)
+    base = SweepConfig.from_settings(settings.from_args(args, settings.SUITE_RUN), db=args.db)
     outcomes = jobrun.run_suite(suite, jobs, base, say=lambda text: print(text, flush=True))
     counts: dict[str, int] = {}
     for o in outcomes:

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from k2bench.harness import schema
 from k2bench.harness.metrics import request_metrics
 from k2bench.harness.store.codec import decode_deltas
-from k2bench.harness.store.models import ChangePoint, Point, Request, Run
+from k2bench.harness.store.models import ChangePoint, Point, Request, Run, apply_run_filters
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,14 +32,12 @@ class FramesMixin:
         ``status`` in the frame is the stored status; filters as in list_runs (limit excluded)."""
         import pandas as pd
 
-        from k2bench.harness.store.store import _apply_run_filters
-
         filters.pop("limit", None)
         cols = [Point.run_id, *(getattr(Run, c) for c in RUN_COLUMNS), *(getattr(Point, c) for c in POINT_COLUMNS)]
         q = select(*cols).join(Run, Run.id == Point.run_id)
         if run_ids is not None:
             q = q.where(Point.run_id.in_([int(r) for r in run_ids]))
-        q = _apply_run_filters(q, filters).order_by(Run.started_at, Run.id, Point.concurrency, Point.trial)
+        q = apply_run_filters(q, filters).order_by(Run.started_at, Run.id, Point.concurrency, Point.trial)
         with self._read() as s:
             rows = s.execute(q).all()
         df = pd.DataFrame(rows, columns=["run_id", *RUN_COLUMNS, *POINT_COLUMNS])

@@ -130,3 +130,14 @@ class Culprit(Base):
     subject: Mapped[str | None] = mapped_column(Text)
     steps: Mapped[list | None] = mapped_column(JSON)
     created_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+def apply_run_filters(q, filters: dict):
+    """``q`` narrowed to the runs that match ``filters`` (list_runs' and points_frame's, limit aside);
+    a commit matches by prefix."""
+    for key in ("engine", "model", "hardware", "branch", "fingerprint", "status", "workload"):
+        if filters.get(key) is not None:
+            q = q.where(getattr(Run, key) == filters[key])
+    if filters.get("commit"):
+        q = q.where(Run.commit.startswith(filters["commit"], autoescape=True))
+    return q

@@ -26,7 +26,7 @@ from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_sta
 from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
 from k2bench.harness.store.liveness import current_writer, heartbeat_expired, store_now, writer_alive
-from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run
+from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run, apply_run_filters
 
 RUN_FIELD_NAMES = frozenset(s.name for s in schema.RUN)
 _INVALID = func.sum(case((Point.valid.is_(False), 1), else_=0))  # a run's levels that do not count
@@ -276,7 +276,7 @@ class Store(FramesMixin, CulpritsMixin):
                   .group_by(Point.run_id)).subquery()
         q = (select(Run, func.coalesce(levels.c.n, 0), func.coalesce(levels.c.bad, 0))
              .outerjoin(levels, levels.c.run_id == Run.id))
-        q = _apply_run_filters(q, filters).order_by(Run.started_at.desc(), Run.id.desc())
+        q = apply_run_filters(q, filters).order_by(Run.started_at.desc(), Run.id.desc())
         if filters.get("limit"):
             q = q.limit(int(filters["limit"]))
         with self._read() as s:
@@ -338,15 +338,6 @@ def _as_run_id(run_id) -> int | None:
     if isinstance(run_id, str) and run_id.strip().isdigit():
         return int(run_id.strip())
     return None
-
-
-def _apply_run_filters(q, filters: dict):
-    for key in ("engine", "model", "hardware", "branch", "fingerprint", "status", "workload"):
-        if filters.get(key) is not None:
-            q = q.where(getattr(Run, key) == filters[key])
-    if filters.get("commit"):
-        q = q.where(Run.commit.startswith(filters["commit"], autoescape=True))
-    return q
 
 
 def _run_dict(run: Run, levels: int, invalid: int = 0, now: datetime | None = None) -> dict:

@@ -7,7 +7,7 @@ import pytest
 
 from k2bench.errors import UserError
 from k2bench.harness.cli import main
-from k2bench.harness.commands.sweep import parse_concurrency
+from k2bench.harness.settings_text import parse_concurrency
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_cli_rejects_bad_conc_with_one_line_and_nonzero_exit(capsys, tmp_path) -
 
 
 def test_counts_per_level_as_numbers_or_multiples_of_concurrency() -> None:
-    from k2bench.harness.commands.sweep import parse_count
+    from k2bench.harness.settings_text import parse_count
     from k2bench.harness.sweep import SweepConfig
     from k2bench.workloads.loader import resolve
 
