@@ -28,6 +28,8 @@ from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import pdeathsig, recipes, redact
+from k2bench.harness.model_list import served_models
+from k2bench.harness.settings import API_KEY_ENV
 from k2bench.net import free_port, normalize_base_url
 
 MODELS_ENV = "K2BENCH_MODELS"  # overrides the folder of cached models (tests share one trained model)
@@ -160,7 +162,7 @@ class Server:
             if status in (401, 403):
                 self.stop()
                 raise ServerError(f"{self.name} answered HTTP {status} on {stage}: it wants an API key "
-                                  f"(--api-key or env K2BENCH_API_KEY)")
+                                  f"(--api-key or env {API_KEY_ENV})")
             if time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(f"{self.name} was not ready ({stage} did not answer 200) within "
@@ -332,11 +334,9 @@ def open_server(*, url: str | None = None, engine: str | None = None, model: str
     """Attach to ``url``, or launch recipe ``engine`` (default: the bundled engine on its tiny model) or
     the ``server_cmd`` command line (the custom recipe; run in ``cwd`` when given), wait until it
     serves, yield its handle, and stop what was launched on the way out."""
-    from k2bench.harness.loadgen import run, served_models
-
     if url:
         base = normalize_base_url(url)
-        yield ServerHandle(url=base, engine=engine or "external", served=run(served_models(base, api_key=api_key)))
+        yield ServerHandle(url=base, engine=engine or "external", served=served_models(base, api_key=api_key))
         return
     if server_cmd:
         recipe = recipes.custom(server_cmd)
@@ -354,7 +354,7 @@ def open_server(*, url: str | None = None, engine: str | None = None, model: str
     say(f"starting {name}: {server.shown_command}  (log: {server.log_path})")
     with server:
         handle = ServerHandle(url=server.base_url, engine=name,
-                              served=run(served_models(server.base_url, api_key=api_key)), launched=server,
+                              served=served_models(server.base_url, api_key=api_key), launched=server,
                               model_dir=Path(model) if Path(model).is_dir() else None, precision=recipe.precision)
         try:
             yield handle

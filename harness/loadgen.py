@@ -355,31 +355,6 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     return [rec for _, rec in work]
 
 
-async def probe(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[str]:
-    """Check the server answers ``/v1/models``; return the model ids it serves."""
-    return [m["id"] for m in await served_models(base_url, timeout_s, api_key)]
-
-
-async def served_models(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[dict]:
-    """The entries of the server's ``/v1/models`` (each has an ``id``; vLLM's also the model's ``root``)."""
-    root = normalize_base_url(base_url)
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=_auth(api_key)) as s:
-            async with s.get(root + "/v1/models") as resp:
-                text = await resp.text(errors="replace")
-                if resp.status != 200:
-                    raise ServerError(f"{root}/v1/models answered HTTP {resp.status}: {text.strip()[:300]}")
-    except aiohttp.ClientConnectorError as exc:
-        raise ServerError(f"cannot reach the server at {root}: {exc.os_error or exc}") from None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise ServerError(f"no usable answer from {root}/v1/models: {_describe(exc)}") from None
-    try:
-        models = [m for m in json.loads(text).get("data", []) if isinstance(m["id"], str)]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ServerError(f"{root}/v1/models did not return an OpenAI model list: {text[:200]}") from None
-    return models
-
-
 def level_failure(records: Sequence[RequestRecord]) -> str | None:
     """A one-line reason when no measured request of a level succeeded, else None."""
     measured = [r for r in records if not r.warmup]

@@ -7,6 +7,7 @@ import os
 import sys
 
 from k2bench.errors import UserError
+from k2bench.harness.settings import API_KEY_ENV
 
 DEFAULT_PORT = 8000
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: env K2BENCH_API_KEY, which other users "
+                   help=f"require 'Authorization: Bearer KEY' (default: env {API_KEY_ENV}, which other users "
                         "of the machine cannot read from the process list; none: no key)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each (default 1)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -100,7 +101,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     if local:
         return None
     return (f"k2bench serve: warning: listening on {host} without an API key: anyone who can reach this port can "
-            "use the model (set K2BENCH_API_KEY or --api-key)")
+            f"use the model (set {API_KEY_ENV} or --api-key)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     except (EngineConfigError, TokenizerError) as exc:
         raise UserError(str(exc)) from None
     name = args.served_model_name or model.resolve().name
-    api_key = args.api_key or os.environ.get("K2BENCH_API_KEY") or None
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     warning = exposure_warning(args.host, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -13,8 +13,9 @@ import pytest
 
 from k2bench.errors import ServerError
 from k2bench.harness import launch
-from k2bench.harness.loadgen import LevelSpec, level_failure, probe, run, run_level
+from k2bench.harness.loadgen import LevelSpec, level_failure, run, run_level
 from k2bench.harness.metrics import summarize_level
+from k2bench.harness.model_list import served_models
 from k2bench.net import free_port
 from k2bench.workloads.prompts import Prompt
 
@@ -214,14 +215,14 @@ def test_per_request_timeout(tmp_path) -> None:
 def test_unreachable_url_is_a_clear_server_error() -> None:
     port = free_port()
     with pytest.raises(ServerError, match=f"cannot reach the server at http://127.0.0.1:{port}"):
-        asyncio.run(probe(f"http://127.0.0.1:{port}/v1"))
+        served_models(f"http://127.0.0.1:{port}/v1")
     records = level(f"http://127.0.0.1:{port}", conc=1, n=1)
     assert "cannot connect" in records[0].error
 
 
-def test_probe_lists_models(tmp_path) -> None:
+def test_served_models_lists_what_the_server_serves(tmp_path) -> None:
     with serving(tmp_path) as url:
-        assert asyncio.run(probe(url + "/v1/")) == ["k2bench-test"]
+        assert [m["id"] for m in served_models(url + "/v1/")] == ["k2bench-test"]
 
 
 async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> None:
