@@ -118,6 +118,7 @@ def _open(args, readonly: bool = False):
 
 def _runs(args) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     filters = {k: getattr(args, k) for k in ("engine", "model", "hardware", "branch", "commit", "workload", "status")}
     filters = {k: v for k, v in filters.items() if v is not None}
@@ -132,9 +133,9 @@ def _runs(args) -> int:
     table = Table()
     for name in ("id", "date (UTC)", "commit", "engine", "model", "workload", "status", "levels"):
         table.add_column(name, justify="right" if name in ("id", "levels") else "left")
-    for r in runs:
-        table.add_row(str(r["id"]), _date(r["started_at"]), (r["commit"] or "-")[:10], r["engine"], r["model"],
-                      r["workload"] or "-", r["effective_status"],
+    for r in runs:  # stored names are plain Text: "[/red]" in a model name is shown, never parsed as markup
+        table.add_row(str(r["id"]), _date(r["started_at"]), Text((r["commit"] or "-")[:10]), Text(r["engine"]),
+                      Text(r["model"]), Text(r["workload"] or "-"), r["effective_status"],
                       str(r["levels"]) + (f" ({r['invalid_levels']} invalid)" if r.get("invalid_levels") else ""))
     console.print(table)
     return 0
