@@ -230,14 +230,13 @@ def validate_doc(doc) -> dict:
     for key in doc:
         if key not in ("schema", "run", "points", "requests", "evals"):
             raise UserError(f"{key}: unknown top-level field")
+    if not isinstance(doc.get("points"), list):  # before the upgrades, which walk the points
+        raise UserError("points: expected a list")
     doc = upgrade_doc(doc)
     if "run" not in doc:
         raise UserError("run: missing")
     run = validate_run(doc["run"])
-    points_in = doc.get("points")
-    if not isinstance(points_in, list):
-        raise UserError("points: expected a list")
-    points = [validate_point(p, f"points[{i}]") for i, p in enumerate(points_in)]
+    points = [validate_point(p, f"points[{i}]") for i, p in enumerate(doc["points"])]
     seen: set[tuple[int, int]] = set()
     for i, p in enumerate(points):
         key = (p["concurrency"], p["trial"])
