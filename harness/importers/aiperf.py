@@ -67,14 +67,26 @@ def _config(doc: dict, path: Path) -> tuple[int, str, int | None, int | None]:
     cfg = doc.get("input_config")
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: no input_config, so the concurrency is unknown")
-    conc = (cfg.get("loadgen") or {}).get("concurrency")
+    conc = _section(cfg, "loadgen", path).get("concurrency")
     if not isinstance(conc, int) or isinstance(conc, bool) or conc < 1:
         raise UserError(f"{path}: input_config.loadgen.concurrency is {conc!r}; k2bench stores closed-loop levels")
-    names = (cfg.get("endpoint") or {}).get("model_names") or []
-    prompt = (cfg.get("input") or {}).get("prompt") or {}
-    isl = (prompt.get("input_tokens") or {}).get("mean")
-    osl = (prompt.get("output_tokens") or {}).get("mean")
-    return conc, str(names[0]) if names else "unknown", isl, osl
+    names = _section(cfg, "endpoint", path).get("model_names") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{path}: input_config.endpoint.model_names is not a list of names")
+    prompt = _section(_section(cfg, "input", path), "prompt", path)
+    isl = _section(prompt, "input_tokens", path).get("mean")
+    osl = _section(prompt, "output_tokens", path).get("mean")
+    return conc, names[0] if names else "unknown", isl, osl
+
+
+def _section(obj: dict, key: str, path: Path) -> dict:
+    """A nested object of the export ({} when absent); anything else is not AIPerf's format."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: input_config ... {key} is not an object")
+    return value
 
 
 def read(path: Path, opts: ImportOptions) -> Level:

@@ -145,6 +145,12 @@ def _aiperf(metric: str, avg) -> dict:
     return raw
 
 
+def _aiperf_config(section: str, value) -> dict:
+    raw = json.loads(AIPERF.read_text())
+    raw["input_config"][section] = value
+    return raw
+
+
 @pytest.mark.parametrize("name,source,raw,words", [
     ("vllm fractional completed", "vllm", _vllm(completed=39.7), "completed"),
     ("vllm fractional tokens", "vllm", _vllm(total_input_tokens=40959.5), "total_input_tokens"),
@@ -157,6 +163,8 @@ def _aiperf(metric: str, avg) -> dict:
     ("aiperf fractional count", "aiperf", _aiperf("request_count", 39.7), "request_count"),
     ("aiperf negative duration", "aiperf", _aiperf("benchmark_duration", -5.0), "duration_s"),
     ("aiperf absurd throughput", "aiperf", _aiperf("output_token_throughput", 1e300), "not physical"),
+    ("aiperf endpoint not an object", "aiperf", _aiperf_config("endpoint", "x"), "endpoint"),
+    ("aiperf loadgen not an object", "aiperf", _aiperf_config("loadgen", 3.5), "loadgen"),
 ])
 def test_other_tools_files_get_the_same_checks(db, tmp_path, capsys, name, source, raw, words):
     bad = tmp_path / "bad.json"
@@ -222,3 +230,23 @@ def test_random_mutations_are_clean_errors_or_faithful_imports(any_db, tmp_path,
             assert code == 2 and err.startswith("k2bench: error:") and len(err.splitlines()) == 1, (i, err)
             assert _stored(db) == before, i
     assert outcomes["error"] > 10 and outcomes["imported"] > 3, outcomes  # both branches exercised
+
+
+@pytest.mark.parametrize("source,fixture", [("vllm", VLLM), ("aiperf", AIPERF),
+                                            ("inferencex", FLEET / "agg_kimik2.5_fp4_atom_tp4_conc4_isl8192_osl1024.json")])
+def test_random_mutations_of_other_tools_files(db, tmp_path, capsys, source, fixture):
+    rng = random.Random(7)
+    base = json.loads(fixture.read_text())
+    codes = []
+    for i in range(40):
+        path = tmp_path / f"{source}{i}.json"
+        path.write_text(json.dumps(_mutate(copy.deepcopy(base), rng)))
+        before = _stored(db)
+        code = main(["import", "--from", source, str(path), "--gpus", "2", "--allow-duplicate", "--db", db])
+        err = capsys.readouterr().err.strip()
+        assert code in (0, 2), (i, err)
+        assert _stored(db) == before + (code == 0), i
+        if code == 2:
+            assert err.startswith("k2bench: error:") and len(err.splitlines()) == 1, (i, err)
+        codes.append(code)
+    assert codes.count(0) > 3 and codes.count(2) > 10, codes
