@@ -1,7 +1,7 @@
 """Run store: SQLAlchemy 2 ORM + Alembic migrations (shipped in ./migrations, applied on open).
 
 See STORE_API in the README ("store" section): Store.open(url), create_run / add_point /
-finish_run / import_run to write; list_runs / get_run / export_run / points_frame /
+finish_run / import_run / import_runs (several documents in one transaction) to write; list_runs / get_run / export_run / points_frame /
 requests_frame / itl_ms / change_points_frame to read.
 """
 
