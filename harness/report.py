@@ -1,5 +1,7 @@
 """Regression reports: markdown that fits a PR comment, JSON for machines, a PNG of the frontiers.
 
+Every stored string (names, commits, reasons, notes) goes through k2bench.harness.mdsafe before it
+reaches the markdown, so a hostile run cannot inject HTML, mentions, headings or table columns.
 The markdown starts with a hidden marker (``COMMENT_MARKER``) so the CI script can find and update
 its own comment instead of adding a new one on every push.
 """
@@ -8,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from k2bench.harness.analysis.regress import METRICS, RegressResult, Verdict
+from k2bench.harness.mdsafe import md_code, md_text
 
 COMMENT_MARKER = "<!-- k2bench-regress -->"
 MARKS = {"regression": "❌", "improvement": "✅", "noise": "~", "unconfirmed": "?", "unchanged": "",
@@ -48,7 +52,7 @@ def _peq(p: float | None) -> str:
 
 
 def _short(commit) -> str:
-    return f"`{str(commit)[:10]}`" if commit else "(no commit)"
+    return md_code(str(commit)[:10]) if commit else "(no commit)"
 
 
 def _describe(v: Verdict) -> str:
@@ -59,11 +63,16 @@ def _describe(v: Verdict) -> str:
     return where + (f" ({', '.join(ps)})" if ps else "")
 
 
-def verdict_line(res: RegressResult) -> str:
+def _md_reason(text: str) -> str:
+    return md_text(text, 600)
+
+
+def verdict_line(res: RegressResult, esc: Callable[[str], str] = _md_reason) -> str:
+    """The one-line verdict: markdown by default; ``esc=str`` for a console (stored text left as is)."""
     head = HEADLINE.get(res.overall, res.overall)
-    failed_accuracy = [a["reason"] for a in res.accuracy if a["status"] == "regression"]
+    failed_accuracy = [esc(a["reason"]) for a in res.accuracy if a["status"] == "regression"]
     if res.overall == "no-baseline" or (failed_accuracy and not res.baseline_runs):
-        return f"{head}: " + "; ".join(failed_accuracy + [res.baseline_reason])
+        return f"{head}: " + "; ".join(failed_accuracy + [esc(res.baseline_reason)])
     fr = res.frontier
     parts = []
     if res.overall == "regression":
@@ -93,10 +102,10 @@ def markdown(res: RegressResult, png_name: str | None = None) -> str:
                  + (f" vs baseline {_short(bm.get('commit'))} (run {', '.join(f'#{r}' for r in res.baseline_runs)})"
                     if res.baseline_runs else ""))
     if cm:
-        cfg = ", ".join(f"{k}={cm[k]}" for k in ("engine", "model", "hardware", "tp", "isl", "osl") if cm.get(k) is not None)
+        cfg = ", ".join(f"{k}={md_text(cm[k])}" for k in ("engine", "model", "hardware", "tp", "isl", "osl") if cm.get(k) is not None)
         lines.append(f"Configuration: {cfg}")
     if res.baseline_reason and res.overall != "no-baseline":
-        lines.append(f"Baseline: {res.baseline_reason}")
+        lines.append(f"Baseline: {_md_reason(res.baseline_reason)}")
     if res.history_runs:
         lines.append(f"Noise history: {len(res.history_runs)} run(s)")
     lines.append("")
@@ -108,7 +117,7 @@ def markdown(res: RegressResult, png_name: str | None = None) -> str:
     lines += _frontier_section(res, png_name)
     lines += _details(res)
     for note in res.notes:
-        lines.append(f"- {note}")
+        lines.append(f"- {_md_reason(note)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -119,7 +128,7 @@ def _accuracy_section(res: RegressResult) -> list[str]:
     for a in res.accuracy:
         base = "–" if a["baseline"] is None else f"{a['baseline']:.3f}"
         thr = "–" if a["threshold"] is None else f"{a['threshold']:.2f}"
-        out.append(f"| {a['task']} | {base} | {a['candidate']:.3f} | {a['n_candidate']} | {thr} | "
+        out.append(f"| {md_text(a['task'])} | {base} | {a['candidate']:.3f} | {a['n_candidate']} | {thr} | "
                    f"{_p(a['p_value'])} | {MARKS.get(a['status'], '')} {a['status']} |")
     return out + ["", "Accuracy: the model's threshold, and a one-sided two-proportion test on the per-item "
                       "scores (a drop counts when it is at least 1 point and significant at 5%).", ""]

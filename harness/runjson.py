@@ -5,7 +5,8 @@ The fields and the version come from k2bench.harness.schema. A document is
 ("evals", from version 2, and "requests" are optional). Validation returns a normalised copy and raises UserError naming the
 first bad field by its path (for example ``points[2].ttft_ms.p99``). Unknown fields are errors,
 so a typo is never silently dropped; free-form data goes in run.tags, run.notes, run.client,
-run.extra or a point's extra.
+run.extra or a point's extra. What any value may be (finite, 64-bit, not too deep, physical for a
+level's numbers, names at most bounds.NAME_CAP characters) is k2bench.harness.bounds'.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import math
 import re
 from pathlib import Path
 
+from sqlalchemy import BigInteger, Integer, String, Text
+
 from k2bench.errors import UserError
-from k2bench.harness import schema
+from k2bench.harness import bounds, schema
 from k2bench.harness.schema import RUN_STATUSES, Spec, format_time, parse_time
 
 __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
@@ -126,15 +129,35 @@ def _check_fields(obj, fields: tuple[Spec, ...], where: str) -> dict:
         out[s.name] = None if s.name not in obj else _check(s.kind, value, f"{where}.{s.name}")
         if out[s.name] is None and s.default is not None:
             out[s.name] = copy.copy(s.default)
+        _check_column(s, out[s.name], f"{where}.{s.name}")
     return out
 
 
+def _check_column(s: Spec, value, where: str) -> None:
+    """What the value's SQL column can hold: a name's length, an INTEGER's 32 bits."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str) and isinstance(s.sql, String) and not isinstance(s.sql, Text) and s.sql.length:
+        bounds.check_name(value, min(bounds.NAME_CAP, s.sql.length), where)
+    elif isinstance(value, int) and isinstance(s.sql, Integer) and not isinstance(s.sql, BigInteger):
+        if not -bounds.INT32_MAX - 1 <= value <= bounds.INT32_MAX:
+            raise UserError(f"{where}: {value} is outside the 32-bit range of its column")
+
+
 def validate_run(run, where: str = "run") -> dict:
-    return _check_fields(run, schema.RUN, where)
+    bounds.check_tree(run, where)
+    out = _check_fields(run, schema.RUN, where)
+    for key, value in (out["tags"] or {}).items():
+        bounds.check_name(key, bounds.NAME_CAP, f"{where}.tags (a key)")
+        if isinstance(value, str):
+            bounds.check_name(value, bounds.NAME_CAP, f"{where}.tags.{key}")
+    return out
 
 
 def validate_point(point, where: str = "point") -> dict:
+    bounds.check_tree(point, where)
     out = _check_fields(point, schema.POINT, where)
+    bounds.check_level(out, where)
     if out["valid"] is None:  # a level summarised without a validity verdict counts when nothing failed
         out["valid"] = out["failed"] in (0, None)  # (no counts: an imported result, taken as its source gave it)
         if not out["valid"] and out["invalid_reason"] is None:
@@ -150,10 +173,16 @@ def validate_point(point, where: str = "point") -> dict:
 
 
 def validate_request(req, where: str = "request") -> dict:
-    return _check_fields(req, schema.REQUEST, where)
+    bounds.check_tree(req, where)
+    out = _check_fields(req, schema.REQUEST, where)
+    last = out["send_ns"] + sum(out["token_delta_ns"])  # the stamps are stored as int64 from send_ns
+    if not -bounds.INT64_MAX - 1 <= last <= bounds.INT64_MAX:
+        raise UserError(f"{where}.token_delta_ns: the stamps leave the 64-bit range")
+    return out
 
 
 def validate_eval(ev, where: str = "eval") -> dict:
+    bounds.check_tree(ev, where)
     out = _check_fields(ev, schema.EVAL, where)
     items = out["items"]
     if items is not None:
@@ -197,17 +226,17 @@ def validate_doc(doc) -> dict:
     Raises UserError on the first bad field."""
     if not isinstance(doc, dict):
         raise UserError("document: expected a JSON object")
+    bounds.check_tree(doc, "")  # before anything walks it (upgrades copy it recursively)
     for key in doc:
         if key not in ("schema", "run", "points", "requests", "evals"):
             raise UserError(f"{key}: unknown top-level field")
+    if not isinstance(doc.get("points"), list):  # before the upgrades, which walk the points
+        raise UserError("points: expected a list")
     doc = upgrade_doc(doc)
     if "run" not in doc:
         raise UserError("run: missing")
     run = validate_run(doc["run"])
-    points_in = doc.get("points")
-    if not isinstance(points_in, list):
-        raise UserError("points: expected a list")
-    points = [validate_point(p, f"points[{i}]") for i, p in enumerate(points_in)]
+    points = [validate_point(p, f"points[{i}]") for i, p in enumerate(doc["points"])]
     seen: set[tuple[int, int]] = set()
     for i, p in enumerate(points):
         key = (p["concurrency"], p["trial"])
@@ -242,13 +271,10 @@ def load_doc(path: str | Path) -> dict:
     """Read, upgrade and validate a k2bench.run file; errors name the file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as exc:
         raise UserError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    doc = bounds.parse_json(data, str(p))
     try:
         return validate_doc(doc)
     except UserError as exc:

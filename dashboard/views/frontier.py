@@ -8,6 +8,7 @@ import streamlit as st
 from k2bench.dashboard import charts, data, labels
 from k2bench.dashboard.reference import load_reference, matching
 from k2bench.dashboard.views.common import csv_download, table_columns
+from k2bench.harness.mdsafe import md_text
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
@@ -81,7 +82,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.plotly_chart(fig, key="frontier_chart")
     n_runs = selected["run_id"].nunique()
     _, shared = labels.short_labels(points)
-    common = f" All of them: {shared}." if shared else ""
+    common = f" All of them: {md_text(shared, None)}." if shared else ""  # stored names: inert in markdown
     st.caption(f"{levels['config'].nunique()} configuration(s), {n_runs} run(s) in the selection.{common} "
                "Labels are concurrency levels; lines join each configuration's Pareto-optimal levels.")
     if invalid is not None:

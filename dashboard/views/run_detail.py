@@ -7,6 +7,7 @@ import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, telemetry_charts
 from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
+from k2bench.harness.mdsafe import md_text
 
 
 def render(url: str, runs: pd.DataFrame) -> None:
@@ -53,7 +54,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     if evals:
         st.subheader("Accuracy")
         badge = data.accuracy_badges({int(run_id): evals}, {int(run_id): str(meta.get("model") or "")})
-        st.caption(badge[int(run_id)])
+        st.caption(md_text(badge[int(run_id)], None))  # task names are stored text: inert in markdown
         st.dataframe(pd.DataFrame([{k: e[k] for k in ("task", "metric", "value", "stderr", "n", "concurrency")}
                                    for e in evals]), hide_index=True, key="detail_evals")
 
@@ -81,7 +82,7 @@ def _telemetry(url: str, run_id: int, meta: dict) -> None:
     points = cache.levels(url, run_id)
     tel = (meta.get("extra") or {}).get("telemetry") or {}
     for note in (tel.get("notes") or {}).values():
-        st.caption(note)
+        st.caption(md_text(note, None))
     figs = [("power", telemetry_charts.gpu_timeline(points, "power_w")),
             ("clock", telemetry_charts.gpu_timeline(points, "sm_clock_mhz")),
             ("kv", telemetry_charts.server_timeline(points, "kv")),

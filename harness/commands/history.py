@@ -120,11 +120,13 @@ def _bisect(args: argparse.Namespace) -> int:
 def _bisect_shifts(args: argparse.Namespace) -> int:
     """Every stored shift between non-adjacent commits, bisected with the shifted run's own workload."""
     from dataclasses import replace
+    from functools import partial
     from pathlib import Path
 
     from k2bench.errors import UserError
     from k2bench.harness.analysis.regress import RegressConfig
     from k2bench.harness.bisect import Bisector, record, write_json
+    from k2bench.harness.mdsafe import md_code, md_text
     from k2bench.harness.shifts import find_shifts
     from k2bench.harness.store import Store
     from k2bench.workloads import loader
@@ -161,7 +163,8 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
             culprit = result.first_bad.sha if result.first_bad else None
             record(args.db, **where, result=result)
-        lines.append(f"| {shift.metric} | {shift.concurrency} | {shift.good[:12]} | {shift.bad[:12]} | "
-                     f"{culprit or 'not found'} |")
+        code = partial(md_code, in_table=True)  # commits and metric names come from the store: inert markdown
+        lines.append(f"| {md_text(shift.metric)} | {shift.concurrency} | {code(shift.good[:12])} | "
+                     f"{code(shift.bad[:12])} | {code(culprit) if culprit else 'not found'} |")
     (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")
     return 0

@@ -124,7 +124,7 @@ def _regress(args) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text, encoding="utf-8")
-        print(report.verdict_line(res))
+        print(report.verdict_line(res, esc=str))
         print(f"report written to {args.out}")
     else:
         sys.stdout.write(text)

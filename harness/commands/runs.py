@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(handler=_export)
 
     i = sub.add_parser("import", help="store k2bench.run JSON files (or other tools' results) as new runs",
-                       description="Every file is validated before anything is written; each file is then "
-                                   "stored in one transaction (all of it or none of it). With --from, other "
+                       description="Every file is validated before anything is written, then all of them are "
+                                   "stored in one transaction (all or none). Values must be strict JSON (no "
+                                   "NaN/Infinity, 64-bit integers) and physical (see the store docs). With --from, other "
                                    "tools' result files are mapped to runs (one per configuration, a level per "
                                    "file); figures a tool does not report are stored as missing.")
     i.add_argument("files", nargs="+", metavar="FILE")
@@ -119,6 +120,7 @@ def _open(args, readonly: bool):
 
 def _runs(args) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     filters = {k: getattr(args, k) for k in ("engine", "model", "hardware", "branch", "commit", "workload", "status")}
     filters = {k: v for k, v in filters.items() if v is not None}
@@ -133,9 +135,9 @@ def _runs(args) -> int:
     table = Table()
     for name in ("id", "date (UTC)", "commit", "engine", "model", "workload", "status", "levels"):
         table.add_column(name, justify="right" if name in ("id", "levels") else "left")
-    for r in runs:
-        table.add_row(str(r["id"]), _date(r["started_at"]), (r["commit"] or "-")[:10], r["engine"], r["model"],
-                      r["workload"] or "-", r["effective_status"],
+    for r in runs:  # stored names are plain Text: "[/red]" in a model name is shown, never parsed as markup
+        table.add_row(str(r["id"]), _date(r["started_at"]), Text((r["commit"] or "-")[:10]), Text(r["engine"]),
+                      Text(r["model"]), Text(r["workload"] or "-"), r["effective_status"],
                       str(r["levels"]) + (f" ({r['invalid_levels']} invalid)" if r.get("invalid_levels") else ""))
     console.print(table)
     return 0
@@ -214,6 +216,7 @@ def _export(args) -> int:
 def _import(args) -> int:
     from k2bench.errors import UserError
     from k2bench.harness.runjson import load_doc
+    from k2bench.harness.store.importing import DuplicateRun
 
     if args.source:
         from k2bench.harness import importers
@@ -226,32 +229,12 @@ def _import(args) -> int:
     else:
         docs = [(path, load_doc(path)) for path in args.files]  # validate everything before writing anything
     with _open(args, readonly=False) as store:
-        if not args.allow_duplicate:
-            for path, doc in docs:
-                copy = _stored_copy(store, doc)
-                if copy is not None:
-                    raise UserError(f"{path}: this run is already stored as run {copy} (same start, levels and "
-                                    f"numbers); a copy would count twice in the gate's noise estimate. Nothing was "
-                                    f"imported; pass --allow-duplicate to store it anyway")
-        for path, doc in docs:
-            run_id = store.import_run(doc)
-            print(f"imported {path} as run {run_id} ({_levels(doc)})")
+        try:  # one transaction for every file; the duplicate check runs inside it
+            ids = store.import_runs([doc for _, doc in docs], allow_duplicate=args.allow_duplicate)
+        except DuplicateRun as dup:
+            raise UserError(f"{docs[dup.index][0]}: this run is already stored as run {dup.run_id} (same start, "
+                            f"levels and numbers); a copy would count twice in the gate's noise estimate. Nothing "
+                            f"was imported; pass --allow-duplicate to store it anyway") from None
+    for (path, doc), run_id in zip(docs, ids, strict=True):
+        print(f"imported {path} as run {run_id} ({_levels(doc)})")
     return 0
-
-
-def _stored_copy(store, doc: dict) -> int | None:
-    """The id of a stored run with the same content as ``doc`` (its start time, configuration and every
-    level's numbers), if there is one."""
-    import json
-
-    def key(run: dict, points: list[dict]) -> str:
-        fields = {k: run.get(k) for k in ("started_at", "commit", "engine", "model", "hardware", "workload")}
-        return json.dumps([fields, points], sort_keys=True, default=str)
-
-    want = key(doc["run"], doc["points"])
-    for run in store.list_runs():
-        if run["started_at"] == doc["run"]["started_at"]:
-            stored = store.export_run(run["id"])
-            if key(stored["run"], stored["points"]) == want:
-                return run["id"]
-    return None

@@ -83,6 +83,8 @@ def devices(meta: dict) -> str:
 
 def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
     """The end of a sweep: the table, then what the user needs to know, worst first."""
+    from rich.text import Text
+
     from k2bench.harness.commands.dashboard import DEFAULT_HOST, DEFAULT_PORT
     from k2bench.harness.commands.runs import points_table
 
@@ -90,8 +92,8 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
     secrets = redact.sweep_secrets(cfg)
     if result.points:
         m = result.meta
-        title = (f"run {result.run_id} ({result.status}): {m.get('engine')} {m.get('model')}, {m.get('workload')}, "
-                 f"{devices(m)}")
+        title = Text(f"run {result.run_id} ({result.status}): {m.get('engine')} {m.get('model')}, "
+                     f"{m.get('workload')}, {devices(m)}")  # Text: stored names are never parsed as markup
         table_console().print(points_table(result.points, title))
     for p in result.points:
         if not p["valid"]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import runjson
+from k2bench.harness import bounds, runjson
 
 SOURCES = {"vllm": "vLLM `vllm bench serve --save-result` JSON",
            "inferencex": "InferenceX per-configuration result JSON (agg_*.json from utils/process_result.py)",
@@ -42,12 +43,14 @@ class Level:
 
 
 def read_json(path: Path) -> dict:
+    """The file as strict JSON (k2bench.harness.bounds.parse_json: no NaN, 64-bit integers, not too deep)."""
     try:
-        doc = json.loads(Path(path).read_text())
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: not a JSON file ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    doc = bounds.parse_json(data, str(path))
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a JSON object")
     return doc
@@ -59,9 +62,19 @@ def number(doc: dict, key: str, path: Path, *, required: bool = False) -> float 
         if required:
             raise UserError(f"{path}: {key} is missing")
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{path}: {key} must be a number, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{path}: {key} must be a finite number, not {value!r:.80}")
     return float(value)
+
+
+def count(value, key: str, path: Path) -> int | None:
+    """A request or token count: a whole number (AIPerf writes 40.0), never a fraction rounded away."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < 0):
+        raise UserError(f"{path}: {key} must be a whole number >= 0, not {value!r:.80}")
+    return int(value)
 
 
 def per_gpu(value: float | None, gpus: int) -> float | None:

@@ -18,6 +18,7 @@ from k2bench.harness.importers import (
     ImportOptions,
     Level,
     base_run,
+    count,
     gpus_or_error,
     interactivity,
     per_gpu,
@@ -66,14 +67,26 @@ def _config(doc: dict, path: Path) -> tuple[int, str, int | None, int | None]:
     cfg = doc.get("input_config")
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: no input_config, so the concurrency is unknown")
-    conc = (cfg.get("loadgen") or {}).get("concurrency")
+    conc = _section(cfg, "loadgen", path).get("concurrency")
     if not isinstance(conc, int) or isinstance(conc, bool) or conc < 1:
         raise UserError(f"{path}: input_config.loadgen.concurrency is {conc!r}; k2bench stores closed-loop levels")
-    names = (cfg.get("endpoint") or {}).get("model_names") or []
-    prompt = (cfg.get("input") or {}).get("prompt") or {}
-    isl = (prompt.get("input_tokens") or {}).get("mean")
-    osl = (prompt.get("output_tokens") or {}).get("mean")
-    return conc, str(names[0]) if names else "unknown", isl, osl
+    names = _section(cfg, "endpoint", path).get("model_names") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{path}: input_config.endpoint.model_names is not a list of names")
+    prompt = _section(_section(cfg, "input", path), "prompt", path)
+    isl = _section(prompt, "input_tokens", path).get("mean")
+    osl = _section(prompt, "output_tokens", path).get("mean")
+    return conc, names[0] if names else "unknown", isl, osl
+
+
+def _section(obj: dict, key: str, path: Path) -> dict:
+    """A nested object of the export ({} when absent); anything else is not AIPerf's format."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: input_config ... {key} is not an object")
+    return value
 
 
 def read(path: Path, opts: ImportOptions) -> Level:
@@ -82,22 +95,24 @@ def read(path: Path, opts: ImportOptions) -> Level:
         raise UserError(f"{path}: not an AIPerf profile export (no request_count)")
     conc, model, isl, osl = _config(doc, path)
     gpus = gpus_or_error(None, opts, path)
-    completed = _stat(_metric(doc, "request_count", path), "avg", path, "request_count")
-    failed = _stat(_metric(doc, "error_request_count", path), "avg", path, "error_request_count") or 0.0
+    completed = count(_stat(_metric(doc, "request_count", path), "avg", path, "request_count"),
+                      "request_count.avg", path) or 0
+    failed = count(_stat(_metric(doc, "error_request_count", path), "avg", path, "error_request_count"),
+                   "error_request_count.avg", path) or 0
     dur = _metric(doc, "benchmark_duration", path)
     if dur is not None and str(dur["unit"]).lower() not in ("sec", "s"):
         raise UserError(f"{path}: benchmark_duration has unit {dur['unit']!r}; expected sec")
     duration = _stat(dur, "avg", path, "benchmark_duration")
-    total_in = _stat(_metric(doc, "total_isl", path), "avg", path, "total_isl")
-    total_out = _stat(_metric(doc, "total_output_tokens", path), "avg", path, "total_output_tokens")
+    total_in = count(_stat(_metric(doc, "total_isl", path), "avg", path, "total_isl"), "total_isl.avg", path)
+    total_out = count(_stat(_metric(doc, "total_output_tokens", path), "avg", path, "total_output_tokens"),
+                      "total_output_tokens.avg", path)
     out_rate = _stat(_metric(doc, "output_token_throughput", path), "avg", path, "output_token_throughput")
     in_rate = total_in / duration if total_in is not None and duration else None
     latency = {metric: _latency(doc, name, path) for metric, name in METRICS.items()}
     point = {
-        "concurrency": conc, "num_prompts": int(completed or 0) + int(failed), "completed": int(completed or 0),
-        "failed": int(failed), "duration_s": duration,
-        "input_tokens": None if total_in is None else int(total_in),
-        "output_tokens": None if total_out is None else int(total_out),
+        "concurrency": conc, "num_prompts": completed + failed, "completed": completed,
+        "failed": failed, "duration_s": duration,
+        "input_tokens": total_in, "output_tokens": total_out,
         "tput_per_gpu": per_gpu(None if in_rate is None or out_rate is None else in_rate + out_rate, gpus),
         "output_tput_per_gpu": per_gpu(out_rate, gpus), "input_tput_per_gpu": per_gpu(in_rate, gpus),
         "interactivity": interactivity(latency["tpot_ms"]), **latency,

@@ -19,6 +19,7 @@ from k2bench.harness.importers import (
     ImportOptions,
     Level,
     base_run,
+    count,
     gpus_or_error,
     interactivity,
     number,
@@ -58,21 +59,26 @@ def read(path: Path, opts: ImportOptions) -> Level:
         raise UserError(f"{path}: max_concurrency is {conc!r}; k2bench stores closed-loop levels, so the "
                         "benchmark must have run with --max-concurrency")
     gpus = gpus_or_error(_gpus_from_metadata(doc, path), opts, path)
-    completed = int(number(doc, "completed", path, required=True))
-    num_prompts = doc.get("num_prompts")
-    failed = doc.get("failed")
+    completed = count(doc.get("completed"), "completed", path)
+    if completed is None:
+        raise UserError(f"{path}: completed is missing")
+    num_prompts = count(doc.get("num_prompts"), "num_prompts", path)
+    failed = count(doc.get("failed"), "failed", path)
     if failed is None:  # older vLLM: every prompt was sent, so the rest failed
-        if not isinstance(num_prompts, int):
+        if num_prompts is None:
             raise UserError(f"{path}: neither failed nor num_prompts is given")
+        if num_prompts < completed:
+            raise UserError(f"{path}: completed ({completed}) is more than num_prompts ({num_prompts})")
         failed = num_prompts - completed
     total = number(doc, "total_token_throughput", path)
     output = number(doc, "output_throughput", path)
     latency = {metric: {stat: number(doc, f"{prefix}_{key}_ms", path) for stat, prefix in STATS.items()}
                for metric, key in METRICS.items()}
     point = {
-        "concurrency": conc, "num_prompts": completed + int(failed), "completed": completed,
-        "failed": int(failed), "duration_s": number(doc, "duration", path),
-        "input_tokens": doc.get("total_input_tokens"), "output_tokens": doc.get("total_output_tokens"),
+        "concurrency": conc, "num_prompts": completed + failed, "completed": completed,
+        "failed": failed, "duration_s": number(doc, "duration", path),
+        "input_tokens": count(doc.get("total_input_tokens"), "total_input_tokens", path),
+        "output_tokens": count(doc.get("total_output_tokens"), "total_output_tokens", path),
         "tput_per_gpu": per_gpu(total, gpus), "output_tput_per_gpu": per_gpu(output, gpus),
         "input_tput_per_gpu": per_gpu(None if total is None or output is None else total - output, gpus),
         "interactivity": interactivity(latency["tpot_ms"]), **latency,

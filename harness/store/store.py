@@ -25,6 +25,7 @@ from k2bench.harness.store import db, upgrade
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.culprits import CulpritsMixin
 from k2bench.harness.store.frames import FramesMixin
+from k2bench.harness.store.importing import ImportMixin
 from k2bench.harness.store.liveness import current_writer, heartbeat_expired, store_now, writer_alive
 from k2bench.harness.store.models import ChangePoint, Eval, Point, Request, Run, apply_run_filters
 
@@ -56,7 +57,7 @@ def effective_status(run: Run, now: datetime | None = None) -> str:
     return run.status
 
 
-class Store(FramesMixin, CulpritsMixin):
+class Store(FramesMixin, CulpritsMixin, ImportMixin):
     """Handle on one k2bench database. Use ``Store.open(url)``."""
 
     def __init__(self, url: str, read_engine: Engine, write_engine: Engine | None):
@@ -180,24 +181,9 @@ class Store(FramesMixin, CulpritsMixin):
             now = _utcnow()
             s.execute(update(Run).where(Run.id == run.id).values(status=status, finished_at=now, updated_at=now))
 
-    def import_run(self, doc: dict) -> int:
-        """Store a k2bench.run document as a new run, all or nothing; returns the new id."""
-        doc = runjson.validate_doc(doc)
-        by_level: dict[tuple[int, int], list[dict]] = {}
-        for r in doc.get("requests") or []:
-            by_level.setdefault((r["concurrency"], r["trial"]), []).append(r)
-        with self._writer() as s:
-            row = self._new_run(doc["run"])
-            s.add(row)
-            s.flush()
-            for p in doc["points"]:
-                point_id = self._insert_point(s, row.id, p)
-                reqs = by_level.get((p["concurrency"], p["trial"]))
-                if reqs:
-                    s.execute(insert(Request), [_json_request_row(r, row.id, point_id) for r in reqs])
-            for ev in doc["evals"]:
-                s.execute(insert(Eval).values(run_id=row.id, **schema.to_columns(schema.EVAL, ev)))
-            return row.id
+    @staticmethod
+    def _json_request_row(r: dict, run_id: int, point_id: int) -> dict:  # for ImportMixin
+        return _json_request_row(r, run_id, point_id)
 
     def add_eval(self, run_id: int, ev: dict) -> None:
         """Store one accuracy evaluation of a run (schema.Eval) in its own transaction."""
