@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from k2bench.harness.loadgen import LevelSpec, event_loop_name, run, run_level
+from k2bench.harness.load.loadgen import LevelSpec, event_loop_name, run, run_level
 from k2bench.net import free_port
 from k2bench.workloads.prompts import Prompt
 
@@ -41,7 +41,7 @@ QUICK = [(64, 200.0, 20.0, 64), (128, 200.0, 20.0, 64), (64, 200.0, 2.0, 256)]
 
 
 def _start_server(port: int, ttft_ms: float, itl_ms: float, core: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "k2bench.harness.testserver", "--port", str(port),
+    cmd = [sys.executable, "-m", "k2bench.harness.load.testserver", "--port", str(port),
            "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
     if core is not None:
         cmd += ["--cpu", str(core)]

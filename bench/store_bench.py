@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import summarize_level
 from k2bench.harness.store import Store
 
 

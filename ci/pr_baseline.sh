@@ -35,7 +35,7 @@ import os
 import sys
 from pathlib import Path
 
-from k2bench.harness.runjson import write_doc
+from k2bench.harness.record.runjson import write_doc
 from k2bench.harness.store import Store
 
 branch, out, limit = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pandas as pd
 
-from k2bench.harness import schema
-from k2bench.harness.catalogue import BY_COLUMN, LEVEL_TABLE_FIELDS, TABLE_METRICS, over_trials
+from k2bench.harness.measure.catalogue import BY_COLUMN, LEVEL_TABLE_FIELDS, TABLE_METRICS, over_trials
+from k2bench.harness.record import schema
 
 DB_ENV = "K2BENCH_DB"
 

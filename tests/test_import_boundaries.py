@@ -169,6 +169,40 @@ def test_no_import_circle() -> None:
     assert circles(scan(), files_of()) == []
 
 
+def room_circles(imports: list[Import], files: list[str], folder: str = "harness") -> list[list[str]]:
+    """Circles among the rooms of ``folder``: each of its sub-folders and top-level modules is one room,
+    and an import between two files of different rooms is an arrow between the rooms. The stages of
+    the harness must read one way (docs/development.md draws them)."""
+    def room(rel: str) -> str | None:
+        parts = Path(rel).parts
+        if parts[0] != folder or len(parts) < 2 or parts[1] == "__init__.py":
+            return None
+        return f"{folder}/{parts[1]}"
+
+    by_module = {module_of(f): f for f in files}
+    arrows = [Import(src, imp.line, dst, imp.top_level) for imp in imports
+              if (src := room(imp.file)) and (target := by_module.get(imp.module))
+              and (dst := room(target)) and dst != src]
+    rooms = sorted({r for f in files if (r := room(f))})
+    return circles([Import(a.file, a.line, module_of(a.module + ".py"), a.top_level) for a in arrows], rooms)
+
+
+def test_the_harness_stages_form_no_circle() -> None:
+    assert room_circles(scan(), files_of()) == []
+
+
+def test_a_circle_between_stages_is_caught() -> None:
+    sources = {"harness/load/loadgen.py": "from k2bench.harness.run.watch import W\n",
+               "harness/run/watch.py": "from k2bench.harness.measure import metrics\n",
+               "harness/measure/metrics.py": "def f():\n    from k2bench.harness.load import loadgen\n"}
+    imports = [imp for rel, text in sources.items() for imp in imports_of(text, rel)]
+    assert circles(imports, list(sources)) == [sorted(sources)]  # a file-level circle too
+    assert room_circles(imports, list(sources)) == [["harness/load", "harness/measure", "harness/run"]]
+    sources["harness/run/watch.py"] = "X = 1\n"  # one arrow fewer: no circle
+    imports = [imp for rel, text in sources.items() for imp in imports_of(text, rel)]
+    assert room_circles(imports, list(sources)) == []
+
+
 @pytest.mark.parametrize("sources", [
     {"harness/store/a.py": "from k2bench.harness.store.b import x\n",
      "harness/store/b.py": "def f():\n    from k2bench.harness.store import a\n"},  # lazy imports count
@@ -187,20 +221,20 @@ def test_an_import_circle_is_caught(sources: dict[str, str]) -> None:
 @pytest.mark.parametrize(("rel", "source", "complaint"), [
     ("engine/config.py", "from k2bench.harness.errors import UserError\n", "engine/ must not import k2bench.harness"),
     ("engine/model/layers.py", "from ...harness import loadgen\n", "engine/ must not import k2bench.harness"),
-    ("workloads/loader.py", "def f():\n    from k2bench.harness.loadgen import Prompt\n",
+    ("workloads/loader.py", "def f():\n    from k2bench.harness.load.loadgen import Prompt\n",
      "workloads/ must not import k2bench.harness"),
     ("workloads/loader.py", "from k2bench import dashboard\n", "workloads/ must not import k2bench.dashboard"),
     ("workloads/loader.py", "import importlib\nimportlib.import_module('k2bench.harness.cli')\n",
      "workloads/ must not import k2bench.harness"),
     ("engine/server.py", "import k2bench.dashboard.data\n", "engine/ must not import k2bench.dashboard"),
-    ("harness/sweep.py", "from k2bench.engine.tiny import write_tiny_checkpoint\n", "only through"),
+    ("harness/run/sweep.py", "from k2bench.engine.tiny import write_tiny_checkpoint\n", "only through"),
     ("harness/analysis/regress.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
      "    from k2bench.engine import config\n", "only through"),
     ("harness/commands/serve.py", "from k2bench.engine.build import build_engine\n", "inside a function"),
     ("dashboard/app.py", "def page():\n    import k2bench.engine.runtime_config\n",
      "dashboard must not import the engine"),
-    ("harness/jobrun.py", "from k2bench.harness.commands.sweep import parse_count\n", "only the commands"),
-    ("harness/launch.py", "def f():\n    from k2bench.harness.commands import common\n", "only the commands"),
+    ("harness/run/jobrun.py", "from k2bench.harness.commands.sweep import parse_count\n", "only the commands"),
+    ("harness/servers/launch.py", "def f():\n    from k2bench.harness.commands import common\n", "only the commands"),
     ("dashboard/app.py", "from k2bench.harness import commands\n", "only the commands"),
 ])
 def test_a_forbidden_import_is_caught(rel: str, source: str, complaint: str) -> None:
@@ -210,7 +244,7 @@ def test_a_forbidden_import_is_caught(rel: str, source: str, complaint: str) -> 
 
 @pytest.mark.parametrize(("rel", "source"), [
     ("harness/commands/serve.py", "def register(sub):\n    from k2bench.engine.runtime_config import RuntimeConfig\n"),
-    ("harness/sweep.py", "from k2bench.workloads.prompts import Prompt\nfrom k2bench.errors import UserError\n"),
+    ("harness/run/sweep.py", "from k2bench.workloads.prompts import Prompt\nfrom k2bench.errors import UserError\n"),
     ("engine/server.py", "from k2bench.errors import UserError\nfrom k2bench.net import free_port\n"),
     ("dashboard/data.py", "from k2bench.harness.store import Store\n"),
     ("workloads/prompts.py", "from k2bench.workloads.loader import Workload\nfrom .loader import Workload\n"),

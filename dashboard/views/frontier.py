@@ -8,7 +8,7 @@ import streamlit as st
 from k2bench.dashboard import charts, data, labels
 from k2bench.dashboard.reference import load_reference, matching
 from k2bench.dashboard.views.common import csv_download, table_columns
-from k2bench.harness.mdsafe import md_text
+from k2bench.harness.analysis.mdsafe import md_text
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",

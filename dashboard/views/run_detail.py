@@ -7,7 +7,7 @@ import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, telemetry_charts
 from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
-from k2bench.harness.mdsafe import md_text
+from k2bench.harness.analysis.mdsafe import md_text
 
 
 def render(url: str, runs: pd.DataFrame) -> None:

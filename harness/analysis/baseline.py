@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 
 from k2bench.errors import UserError
-from k2bench.harness.fingerprint import fingerprint_fields
-from k2bench.harness.provenance import git
+from k2bench.harness.record.fingerprint import fingerprint_fields
+from k2bench.harness.record.provenance import git
 
 USABLE_STATUS = ("complete", "partial")
 MODES = ("auto", "merge-base", "latest")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from k2bench.harness.catalogue import GATE_METRICS, over_trials
+from k2bench.harness.measure.catalogue import GATE_METRICS, over_trials
 
 DEFAULT_WINDOW = 50
 DEFAULT_PVALUE = 0.001

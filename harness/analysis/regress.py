@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from k2bench.harness.analysis import pareto, stats
-from k2bench.harness.catalogue import GATE_METRICS, Metric, over_trials
+from k2bench.harness.measure.catalogue import GATE_METRICS, Metric, over_trials
 
 # The metrics the gate judges, with their direction and per-request sample: see the catalogue.
 METRICS: tuple[Metric, ...] = GATE_METRICS

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from k2bench.harness import settings
 from k2bench.harness.commands.common import add_db_arg
+from k2bench.harness.plan import settings
 
 
 def _common(p: argparse.ArgumentParser, command: str) -> None:
@@ -51,16 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _bench(args: argparse.Namespace):
     from k2bench.errors import UserError
-    from k2bench.harness import gitrepo
-    from k2bench.harness.backfill import CommitBench
-    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.history import gitrepo
+    from k2bench.harness.history.backfill import CommitBench
+    from k2bench.harness.run.sweep import SweepConfig
 
     given = settings.from_args(args, args.command)
     server_cmd = given.pop("server_cmd", None)  # the bench launches it per commit; the sweep attaches
     if not server_cmd:
         raise UserError(f"{args.command} needs --server-cmd: the server command run in each commit's worktree")
     cfg = SweepConfig.from_settings(given, db=args.db)
-    from k2bench.harness.recipes import custom
+    from k2bench.harness.servers.recipes import custom
 
     custom(server_cmd)  # a bad command fails here, before any worktree is made
     return CommitBench(repo=gitrepo.check_repo(args.repo), server_cmd=server_cmd, cfg=cfg, setup=args.setup,
@@ -68,8 +68,8 @@ def _bench(args: argparse.Namespace):
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    from k2bench.harness import gitrepo
-    from k2bench.harness.backfill import backfill
+    from k2bench.harness.history import gitrepo
+    from k2bench.harness.history.backfill import backfill
 
     bench = _bench(args)
     commits = gitrepo.commits(bench.repo, args.rev_range, args.every)
@@ -84,8 +84,8 @@ def _backfill(args: argparse.Namespace) -> int:
 def _bisect(args: argparse.Namespace) -> int:
     from k2bench.errors import UserError
     from k2bench.harness.analysis.regress import RegressConfig
-    from k2bench.harness.bisect import Bisector, record, write_json
-    from k2bench.harness.gitrepo import branch_of
+    from k2bench.harness.history.bisect import Bisector, record, write_json
+    from k2bench.harness.history.gitrepo import branch_of
 
     if args.shifts:
         return _bisect_shifts(args)
@@ -124,10 +124,10 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from k2bench.errors import UserError
+    from k2bench.harness.analysis.mdsafe import md_code, md_text
     from k2bench.harness.analysis.regress import RegressConfig
-    from k2bench.harness.bisect import Bisector, record, write_json
-    from k2bench.harness.mdsafe import md_code, md_text
-    from k2bench.harness.shifts import find_shifts
+    from k2bench.harness.history.bisect import Bisector, record, write_json
+    from k2bench.harness.history.shifts import find_shifts
     from k2bench.harness.store import Store
     from k2bench.workloads import loader
 

@@ -20,7 +20,7 @@ def _recipes(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from k2bench.harness import recipes
+    from k2bench.harness.servers import recipes
 
     known = recipes.all_recipes(args.dir)
     table = Table(title="engine recipes")

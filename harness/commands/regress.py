@@ -105,7 +105,7 @@ def _open(url, readonly=False):
 
 
 def _regress(args) -> int:
-    from k2bench.harness import report
+    from k2bench.harness.analysis import report
     from k2bench.harness.analysis.gate import run_gate
 
     cfg, opts = _config(args), _options(args)

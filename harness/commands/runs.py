@@ -78,8 +78,8 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     Every header and number format comes from the catalogue: its table metrics and level fields."""
     from rich.table import Table
 
-    from k2bench.harness import schema
-    from k2bench.harness.catalogue import FIELDS, LEVEL_TABLE_FIELDS, TABLE_METRICS
+    from k2bench.harness.measure.catalogue import FIELDS, LEVEL_TABLE_FIELDS, TABLE_METRICS
+    from k2bench.harness.record import schema
 
     trials = len({p.get("trial", 0) for p in points}) > 1
     mismatches = any(p.get("osl_mismatches") for p in points)
@@ -152,13 +152,13 @@ def _status_text(run: dict) -> str:
 def _show(args) -> int:
     import json
 
-    from k2bench.harness import schema
+    from k2bench.harness.record import schema
 
     with _open(args, readonly=True) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
     if args.repro:
-        from k2bench.harness.repro import script
+        from k2bench.harness.record.repro import script
 
         print(script(run, len(doc["points"])), end="")
         return 0
@@ -202,7 +202,7 @@ def _levels(doc: dict) -> str:
 
 
 def _export(args) -> int:
-    from k2bench.harness.runjson import write_doc
+    from k2bench.harness.record.runjson import write_doc
 
     with _open(args, readonly=True) as store:
         run = store.get_run(args.run)
@@ -215,12 +215,12 @@ def _export(args) -> int:
 
 def _import(args) -> int:
     from k2bench.errors import UserError
-    from k2bench.harness.runjson import load_doc
+    from k2bench.harness.record.runjson import load_doc
     from k2bench.harness.store.importing import DuplicateRun
 
     if args.source:
         from k2bench.harness import importers
-        from k2bench.harness.settings_text import parse_tags
+        from k2bench.harness.plan.settings_text import parse_tags
 
         opts = importers.ImportOptions(gpus=args.gpus, engine=args.engine, hardware=args.hardware,
                                        commit=args.commit, branch=args.branch, tags=parse_tags(args.tag))

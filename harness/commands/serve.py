@@ -7,7 +7,7 @@ import os
 import sys
 
 from k2bench.errors import UserError
-from k2bench.harness.settings import API_KEY_ENV
+from k2bench.harness.plan.settings import API_KEY_ENV
 
 DEFAULT_PORT = 8000
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from k2bench.harness import settings
 from k2bench.harness.commands.common import add_db_arg
+from k2bench.harness.plan import settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from k2bench.harness import suites
+    from k2bench.harness.plan import suites
 
     suite = suites.load(args.file)
     jobs = suite.select(args.only)
@@ -73,8 +73,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from k2bench.harness import jobrun, suites
-    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.plan import suites
+    from k2bench.harness.run import jobrun
+    from k2bench.harness.run.sweep import SweepConfig
 
     suite = suites.load(args.file)
     jobs = suite.select(args.only)
@@ -88,7 +89,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from k2bench.harness import fleet, suites
+    from k2bench.harness.plan import suites
+    from k2bench.harness.run import fleet
 
     suite = suites.load(args.file)
     print(fleet.matrix_json(suite.select(args.only), args.default_label))
@@ -96,7 +98,8 @@ def _matrix(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from k2bench.harness import fleet, suites
+    from k2bench.harness.plan import suites
+    from k2bench.harness.run import fleet
 
     suite = suites.load(args.file)
     jobs = suite.select(args.only)

@@ -10,9 +10,9 @@ import importlib.util
 import sys
 import textwrap
 
-from k2bench.harness import settings
 from k2bench.harness.commands.common import add_db_arg
-from k2bench.harness.settings_text import parse_evals
+from k2bench.harness.plan import settings
+from k2bench.harness.plan.settings_text import parse_evals
 
 DEFAULT_MODEL_EVAL = "tiny-arith"  # the task the bundled engine's default model is trained on
 DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tiny MXFP4 model on this machine "
@@ -21,7 +21,7 @@ DEFAULTS_NOTE = ("With no --url and no --engine, the bundled engine serves a tin
 
 
 def exit_code_table() -> str:
-    from k2bench.harness.sweep import EXIT_CODES
+    from k2bench.harness.run.sweep import EXIT_CODES
 
     return "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
 
@@ -52,7 +52,7 @@ def default_evals(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 
 
 def _config(args: argparse.Namespace):
-    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.run.sweep import SweepConfig
 
     given = settings.from_args(args, settings.SWEEP)
     cfg = SweepConfig.from_settings(given, db=args.db, command_line=getattr(args, "argv", None))
@@ -67,9 +67,9 @@ def _is_bare(args: argparse.Namespace) -> bool:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from k2bench.harness import estimate
     from k2bench.harness.commands.sweep_output import SweepDisplay, report
-    from k2bench.harness.sweep import LevelEvents, run_sweep
+    from k2bench.harness.plan import estimate
+    from k2bench.harness.run.sweep import LevelEvents, run_sweep
 
     cfg = _config(args)
     with SweepDisplay(cfg) as display:

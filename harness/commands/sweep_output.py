@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import shlex
 
-from k2bench.harness import estimate, provenance, redact
+from k2bench.harness import redact
 from k2bench.harness.commands.common import table_console
-from k2bench.harness.sweep import EXIT_INTERRUPTED, EXIT_SERVER, SweepConfig, SweepResult
+from k2bench.harness.plan import estimate
+from k2bench.harness.record import provenance
+from k2bench.harness.run.sweep import EXIT_INTERRUPTED, EXIT_SERVER, SweepConfig, SweepResult
 
 
 class SweepDisplay:

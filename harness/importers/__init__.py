@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import bounds, runjson
+from k2bench.harness.record import bounds, runjson
 
 SOURCES = {"vllm": "vLLM `vllm bench serve --save-result` JSON",
            "inferencex": "InferenceX per-configuration result JSON (agg_*.json from utils/process_result.py)",
@@ -43,7 +43,7 @@ class Level:
 
 
 def read_json(path: Path) -> dict:
-    """The file as strict JSON (k2bench.harness.bounds.parse_json: no NaN, 64-bit integers, not too deep)."""
+    """The file as strict JSON (k2bench.harness.record.bounds.parse_json: no NaN, 64-bit integers, not too deep)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:

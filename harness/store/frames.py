@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sqlalchemy import select
 
-from k2bench.harness import schema
-from k2bench.harness.metrics import request_metrics
+from k2bench.harness.measure.metrics import request_metrics
+from k2bench.harness.record import schema
 from k2bench.harness.store.codec import decode_deltas
 from k2bench.harness.store.models import ChangePoint, Point, Request, Run, apply_run_filters
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# Both derived from k2bench.harness.schema: the run's short fields, then the level's flat columns.
+# Both derived from k2bench.harness.record.schema: the run's short fields, then the level's flat columns.
 RUN_COLUMNS = schema.RUN_SUMMARY_FIELDS
 POINT_COLUMNS = schema.POINT_COLUMNS
 _TIME_COLUMNS = tuple(s.name for s in schema.RUN if s.base == "time")

@@ -15,7 +15,7 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
 from k2bench.errors import UserError
-from k2bench.harness import runjson, schema
+from k2bench.harness.record import runjson, schema
 from k2bench.harness.store.models import Eval, Point, Request, Run
 
 IMPORT_LOCK_KEY = 7231002  # pg_advisory_xact_lock key of imports (migrations use 7231001)

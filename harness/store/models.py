@@ -1,4 +1,4 @@
-"""ORM tables: the columns of runs, points and requests come from k2bench.harness.schema, beside
+"""ORM tables: the columns of runs, points and requests come from k2bench.harness.record.schema, beside
 the store's own bookkeeping columns. The database itself is created by the Alembic migrations in
 ./migrations; a test checks that these models and the migrated schema agree."""
 
@@ -23,14 +23,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from k2bench.harness import schema
+from k2bench.harness.record import schema
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; elsewhere request ids may need 64 bits.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def schema_columns(fields: tuple[schema.Spec, ...]) -> list[Column]:
-    """The columns of a schema class's fields (k2bench.harness.schema), in declaration order."""
+    """The columns of a schema class's fields (k2bench.harness.record.schema), in declaration order."""
     out = []
     for s in fields:
         for name in s.columns():

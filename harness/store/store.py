@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from k2bench import __version__
 from k2bench.errors import UserError
-from k2bench.harness import runjson, schema
-from k2bench.harness.fingerprint import fingerprint
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.record import runjson, schema
+from k2bench.harness.record.fingerprint import fingerprint
 from k2bench.harness.store import db, upgrade
 from k2bench.harness.store.codec import decode_deltas, decode_stamps, encode_stamps
 from k2bench.harness.store.culprits import CulpritsMixin
@@ -118,7 +118,7 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
         """Record a new run (status "running" unless meta says otherwise); returns its id.
 
         Defaults: started_at now, num_gpus = tp or 1, trials 1, fingerprint computed from meta.
-        Unknown keys are a UserError (see k2bench.harness.schema.Run).
+        Unknown keys are a UserError (see k2bench.harness.record.schema.Run).
         """
         meta = dict(meta)
         meta.pop("id", None)

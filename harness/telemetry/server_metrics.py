@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from k2bench.harness.loadgen import normalize_base_url
+from k2bench.net import normalize_base_url
 
 DEFAULT_HZ = 1.0
 Scrape = dict[str, tuple[str, float]]  # sample key -> ("counter" | "gauge", value)

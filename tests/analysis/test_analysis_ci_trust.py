@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness.runjson import load_doc
+from k2bench.harness.record.runjson import load_doc
 from k2bench.harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness.report import COMMENT_MARKER
+from k2bench.harness.analysis.report import COMMENT_MARKER
 from k2bench.harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ BENCH_SH = r"""#!/usr/bin/env bash
 set -euo pipefail
 PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ITL=$(python -c 'import settings; print(settings.ITL_MS)')
-python -m k2bench.harness.testserver --port "$PORT" --ttft-ms 15 --itl-ms "$ITL" &
+python -m k2bench.harness.load.testserver --port "$PORT" --ttft-ms 15 --itl-ms "$ITL" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 python - "$PORT" <<'PY'

@@ -190,7 +190,7 @@ def test_cost_is_judged_on_each_requests_time_per_output_token():
     import pandas as pd
 
     from k2bench.harness.analysis.regress import request_samples
-    from k2bench.harness.catalogue import BY_COLUMN
+    from k2bench.harness.measure.catalogue import BY_COLUMN
 
     reqs = pd.DataFrame({"concurrency": [4, 4, 4, 8], "success": [True, True, False, True],
                          "output_tokens": [100, 50, 100, 10], "e2el_ms": [1000.0, 1000.0, 5.0, 1.0]})

@@ -12,8 +12,8 @@ import re
 from analysis_data import load_fixture
 from markdown_it import MarkdownIt
 
+from k2bench.harness.analysis.mdsafe import md_code, md_text
 from k2bench.harness.cli import main
-from k2bench.harness.mdsafe import md_code, md_text
 from k2bench.harness.store import Store
 
 HOSTILE = ("x<img src=x onerror=alert(1)>\n# Injected heading\n@everyone look | ❌ | `tick [/red] "

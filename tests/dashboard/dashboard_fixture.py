@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import summarize_level
 from k2bench.harness.store import Store
 from k2bench.harness.telemetry import cost, power
 from k2bench.harness.telemetry.gpu import Reading

@@ -195,7 +195,7 @@ def _shown_headers(df_element) -> dict[str, str]:
 def test_every_table_uses_the_catalogue_headers_units_and_decimals(fixture, monkeypatch):
     import json
 
-    from k2bench.harness.catalogue import BY_COLUMN
+    from k2bench.harness.measure.catalogue import BY_COLUMN
 
     pages = {"Frontier": 1, "History": 3, "Compare": 2, "Run detail": 1}  # tables on each page (History: culprits too)
     seen = set()

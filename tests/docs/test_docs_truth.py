@@ -1,7 +1,7 @@
 """The docs stay true: what README.md, docs/, engine/README.md and the module docstrings name exists.
 
 Checked: repository files and folders (``harness/eval/gate.py``, ``bench/results/``), ``k2bench.*``
-modules (and a name right after one, ``k2bench.harness.records.RequestRecord``), schema versions
+modules (and a name right after one, ``k2bench.harness.load.records.RequestRecord``), schema versions
 (``k2bench.run/N``: the current one, or an older one only where the line says it is upgraded),
 ``k2bench <command>`` (the CLI's own subcommands) and documents (``*.md``) that must be in the
 repository. Paths that git ignores (results/k2bench.db, results/logs/) are where k2bench writes,
@@ -148,7 +148,7 @@ def commands() -> dict[str, frozenset[str]]:
 
 
 def schema_version() -> int:
-    text = (ROOT / "harness" / "schema.py").read_text(encoding="utf-8")
+    text = (ROOT / "harness" / "record" / "schema.py").read_text(encoding="utf-8")
     return int(re.search(r"^SCHEMA_VERSION = (\d+)", text, re.MULTILINE).group(1))
 
 
@@ -206,7 +206,7 @@ def test_docs_name_only_what_exists() -> None:
     ("docs/x.md", "the rules in `STYLE.md`", "STYLE.md"),
     ("README.md", "<!-- tests/docs/test_readme_quickstart.py runs these -->", "test_readme_quickstart.py"),
     ("docs/x.md", "see k2bench.harness.nothere for it", "k2bench.harness.nothere"),
-    ("docs/x.md", "see k2bench.harness.schema.NoSuchThing", "NoSuchThing"),
+    ("docs/x.md", "see k2bench.harness.record.schema.NoSuchThing", "NoSuchThing"),
     ("docs/x.md", "```bash\nk2bench sweeep --conc 4\n```", "sweeep"),
     ("docs/x.md", "`k2bench suite runn FILE`", "suite runn"),
     ("engine/README.md", "| `model/nothere.py` | x |", "model/nothere.py"),
@@ -217,7 +217,7 @@ def test_each_kind_of_drift_is_caught(where: str, text: str, word: str) -> None:
 
 
 def test_what_exists_passes() -> None:
-    text = ("`harness/eval/gate.py`, `bench/results/`, k2bench.harness.records.RequestRecord, "
+    text = ("`harness/eval/gate.py`, `bench/results/`, k2bench.harness.load.records.RequestRecord, "
             "`k2bench.run/2`; a `k2bench.run/1` document imports as version 2; results/k2bench.db; "
             "`k2bench suite run FILE`, `k2bench engine tiny`, see docs/store.md; "
             "`k2bench regress --out report.md`; the README (\"Quick start\" section)")

@@ -10,7 +10,7 @@ import pytest
 from k2bench.errors import UserError
 from k2bench.harness.cli import main
 from k2bench.harness.commands.sweep import default_evals
-from k2bench.harness.settings_text import parse_evals
+from k2bench.harness.plan.settings_text import parse_evals
 
 
 def test_eval_flags_are_parsed_and_checked(capsys):

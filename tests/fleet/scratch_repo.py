@@ -11,7 +11,7 @@ import sys
 
 ITL_MS = {itl}
 sys.argv = ["serve", *sys.argv[1:], "--ttft-ms", "5", "--itl-ms", str(ITL_MS)]
-runpy.run_module("k2bench.harness.testserver", run_name="__main__")
+runpy.run_module("k2bench.harness.load.testserver", run_name="__main__")
 '''
 SERVER_CMD = "{python} serve.py --host {host} --port {port}"
 SWEEP = ["--isl", "8", "--osl", "8", "--conc", "2", "--num-prompts", "10", "--warmup", "1", "--timeout", "60"]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import fleet, suites
 from k2bench.harness.cli import main
+from k2bench.harness.plan import suites
+from k2bench.harness.run import fleet
 from k2bench.harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -114,7 +114,7 @@ def test_inferencex_result_is_stored_with_its_counts_missing(tmp_path, capsys) -
 
 
 def test_counts_are_all_given_or_all_missing() -> None:
-    from k2bench.harness import runjson
+    from k2bench.harness.record import runjson
 
     doc = importers.to_documents("vllm", [VLLM[0]], importers.ImportOptions())
     point = dict(doc[0]["points"][0], completed=None)

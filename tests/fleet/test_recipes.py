@@ -7,8 +7,8 @@ import shlex
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import launch, recipes
 from k2bench.harness.cli import main
+from k2bench.harness.servers import launch, recipes
 from k2bench.harness.store import Store
 
 
@@ -76,7 +76,7 @@ def test_custom_recipe_launches_from_its_working_directory(tmp_path) -> None:
     (tmp_path / "srv.py").write_text(
         "import runpy, sys\n"
         "sys.argv = ['testserver', *sys.argv[1:]]\n"
-        "runpy.run_module('k2bench.harness.testserver', run_name='__main__')\n")
+        "runpy.run_module('k2bench.harness.load.testserver', run_name='__main__')\n")
     r = recipes.custom("{python} srv.py --port {port} --host {host} --model {model}")
     server = launch.from_recipe(r, model="here", log_dir=tmp_path / "logs", cwd=tmp_path, ready_timeout_s=60)
     with server:
@@ -87,7 +87,7 @@ def test_custom_recipe_launches_from_its_working_directory(tmp_path) -> None:
 def test_sweep_launches_a_server_command(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)  # server logs go to ./results/logs
     db = f"sqlite:///{tmp_path / 'k.db'}"
-    cmd = "{python} -m k2bench.harness.testserver --host {host} --port {port} --model {model} --itl-ms 2"
+    cmd = "{python} -m k2bench.harness.load.testserver --host {host} --port {port} --model {model} --itl-ms 2"
     base = ["sweep", "--server-cmd", cmd, "--model", "tiny-m", "--isl", "8", "--osl", "4", "--conc", "1",
             "--num-prompts", "2", "--warmup", "0", "--db", db, "--commit", "c1"]
     assert main(base) == 0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import suites
 from k2bench.harness.cli import main
+from k2bench.harness.plan import suites
 from k2bench.harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +167,8 @@ engine = "testserver"
 
 
 def test_an_entrys_gpu_hour_price_and_gpus_override_the_command_lines(tmp_path) -> None:
-    from k2bench.harness.jobrun import job_config
-    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.run.jobrun import job_config
+    from k2bench.harness.run.sweep import SweepConfig
     from k2bench.harness.telemetry.level import TelemetryConfig
     from k2bench.workloads import loader
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness import suites
+from k2bench.harness.plan import suites
 
 ROOT = Path(__file__).resolve().parents[2]
 GH = ROOT / "ci" / "github"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import summarize_level
 
 MS = 1_000_000
 

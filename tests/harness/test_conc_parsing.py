@@ -7,7 +7,7 @@ import pytest
 
 from k2bench.errors import UserError
 from k2bench.harness.cli import main
-from k2bench.harness.settings_text import parse_concurrency
+from k2bench.harness.plan.settings_text import parse_concurrency
 
 
 @pytest.mark.parametrize(
@@ -61,8 +61,8 @@ def test_cli_rejects_bad_conc_with_one_line_and_nonzero_exit(capsys, tmp_path) -
 
 
 def test_counts_per_level_as_numbers_or_multiples_of_concurrency() -> None:
-    from k2bench.harness.settings_text import parse_count
-    from k2bench.harness.sweep import SweepConfig
+    from k2bench.harness.plan.settings_text import parse_count
+    from k2bench.harness.run.sweep import SweepConfig
     from k2bench.workloads.loader import resolve
 
     w = resolve(None, 64, 8)
@@ -103,7 +103,7 @@ def test_precision_read_from_the_model_config(tmp_path, config: dict, precision:
     """The recorded precision is part of the fingerprint: an NVFP4 or FP8 checkpoint must not read as MXFP4/BF16."""
     import json
 
-    from k2bench.harness.provenance import precision_of
+    from k2bench.harness.record.provenance import precision_of
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert precision_of(tmp_path) == precision

@@ -90,7 +90,7 @@ def test_ci_k2_sweep_goes_on_only_after_an_invalid_level(tmp_path, code, goes_on
 
 
 def test_docs_list_every_exit_code_of_sweep() -> None:
-    from k2bench.harness.sweep import EXIT_CODES
+    from k2bench.harness.run.sweep import EXIT_CODES
 
     page = (ROOT / "docs" / "harness.md").read_text()
     documented = {int(line.split("|")[1]) for line in page.splitlines()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness import estimate
-from k2bench.harness.estimate import Level, Speed
+from k2bench.harness.plan import estimate
+from k2bench.harness.plan.estimate import Level, Speed
 
 CARD = Path(__file__).parents[2] / "bench" / "results" / "2026-12-01_h200_issue11_card" / "card_sweep.json"
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 
-from k2bench.harness import launch
 from k2bench.harness.cli import main
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import summarize_level
+from k2bench.harness.servers import launch
 from k2bench.harness.store import Store
 
 MS = 1_000_000

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from k2bench.harness.cli import main
-from k2bench.harness.runjson import validate_doc
+from k2bench.harness.record.runjson import validate_doc
 from k2bench.harness.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import launch, recipes
+from k2bench.harness.servers import launch, recipes
 from k2bench.net import free_port
 
 
@@ -42,7 +42,7 @@ def test_testserver_recipe_starts_records_and_stops(tmp_path) -> None:
         assert _alive(pid)
         assert server.version and "k2bench" in server.version
         assert server.flags == ["--ttft-ms", "5"]
-        assert "k2bench.harness.testserver" in server.command and "--ttft-ms 5" in server.command
+        assert "k2bench.harness.load.testserver" in server.command and "--ttft-ms 5" in server.command
     assert _wait_gone(pid)
     assert server.log_path.parent == tmp_path and server.log_path.read_text().startswith("# k2bench launch")
 
@@ -52,7 +52,7 @@ def test_whole_process_group_is_stopped_even_on_ctrl_c(tmp_path) -> None:
     port = free_port()
     child_pid_file = tmp_path / "child.pid"
     script = (f"sleep 600 & echo $! > {child_pid_file}; "
-              f"exec {sys.executable} -m k2bench.harness.testserver --port {port}")
+              f"exec {sys.executable} -m k2bench.harness.load.testserver --port {port}")
     server = launch.Server(["bash", "-c", script], host="127.0.0.1", port=port, log_path=tmp_path / "s.log",
                            ready_timeout_s=30)
     with pytest.raises(KeyboardInterrupt):
@@ -123,7 +123,7 @@ def test_server_handle_reports_a_launched_servers_death(tmp_path) -> None:
     with launch.open_server(engine="testserver", model="m", log_dir=tmp_path) as handle:
         assert handle.engine == "testserver" and handle.served_models == ["m"]
         assert handle.url.startswith("http://127.0.0.1:") and handle.log_path.parent == tmp_path
-        assert "k2bench.harness.testserver" in handle.command
+        assert "k2bench.harness.load.testserver" in handle.command
         assert not handle.died() and handle.exit_status() is None and handle.death_note() is None
         with launch.open_server(url=handle.url + "/v1/") as attached:
             assert attached.url == handle.url and attached.engine == "external"

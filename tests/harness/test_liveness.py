@@ -21,10 +21,10 @@ from sqlalchemy import create_engine, text
 from store_helpers import run_meta
 
 from k2bench.errors import UserError
-from k2bench.harness import launch
+from k2bench.harness.run.sweep import SweepConfig, run_sweep
+from k2bench.harness.servers import launch
 from k2bench.harness.store import Store, liveness
 from k2bench.harness.store.heartbeat import Heartbeat
-from k2bench.harness.sweep import SweepConfig, run_sweep
 from k2bench.workloads.loader import Workload
 
 PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
@@ -135,7 +135,7 @@ def _heartbeat_at(store: Store, run_id: int):
 
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (/proc, prctl)")
-SERVER_CMD = "{python} -m k2bench.harness.testserver --host {host} --port {port} --ttft-ms 1 --itl-ms 20"
+SERVER_CMD = "{python} -m k2bench.harness.load.testserver --host {host} --port {port} --ttft-ms 1 --itl-ms 20"
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -194,7 +194,7 @@ def test_sigkilled_sweep_leaves_no_server_and_a_run_every_host_sees_dead(db_url,
     try:
         (run,) = _wait_for("stored run", lambda: _runs(db_url), proc)
         server = _wait_for("server process", lambda: [p for p in _children(proc.pid)
-                                                       if "k2bench.harness.testserver" in _cmdline(p)], proc)[0]
+                                                       if "k2bench.harness.load.testserver" in _cmdline(p)], proc)[0]
         assert run["effective_status"] == "running"  # its writer is alive
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -245,7 +245,7 @@ def test_parent_death_signal_is_asked_for_from_the_main_thread_only() -> None:
     be killed with that thread, so there no request is made."""
     import threading
 
-    from k2bench.harness.pdeathsig import die_with_parent
+    from k2bench.harness.servers.pdeathsig import die_with_parent
 
     assert callable(die_with_parent())
     from_thread = []

@@ -12,10 +12,10 @@ import urllib.request
 import pytest
 
 from k2bench.errors import ServerError
-from k2bench.harness import launch
-from k2bench.harness.loadgen import LevelSpec, level_failure, run, run_level
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.model_list import served_models
+from k2bench.harness.load.loadgen import LevelSpec, level_failure, run, run_level
+from k2bench.harness.measure.metrics import summarize_level
+from k2bench.harness.servers import launch
+from k2bench.harness.servers.model_list import served_models
 from k2bench.net import free_port
 from k2bench.workloads.prompts import Prompt
 
@@ -230,8 +230,8 @@ async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> Non
     an empty-content message, and writes cut at arbitrary byte offsets."""
     from aiohttp import web
 
-    from k2bench.harness.loadgen import make_session, stream_one
-    from k2bench.harness.records import RequestRecord
+    from k2bench.harness.load.loadgen import make_session, stream_one
+    from k2bench.harness.load.records import RequestRecord
 
     def msg(obj) -> bytes:
         return b"data: " + json.dumps(obj).encode() + b"\r\n\r\n"
@@ -269,8 +269,8 @@ async def test_sse_framing_split_anywhere_crlf_comments_and_chat_deltas() -> Non
 
 
 def test_error_event_inside_a_stream_is_reported() -> None:
-    from k2bench.harness.loadgen import _digest
-    from k2bench.harness.records import RequestRecord
+    from k2bench.harness.load.loadgen import _digest
+    from k2bench.harness.load.records import RequestRecord
 
     rec = RequestRecord(index=0, concurrency=1, warmup=False, requested_input_tokens=1, requested_output_tokens=4,
                         send_ns=0)

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness.metrics import request_metrics, stats, summarize_level
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import request_metrics, stats, summarize_level
 
 MS = 1_000_000  # ns per ms
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from k2bench import __version__
-from k2bench.harness import provenance
+from k2bench.harness.record import provenance
 
 
 def _git(repo, *args: str) -> str:
@@ -41,7 +41,7 @@ def test_outside_a_checkout_everything_is_unknown(tmp_path) -> None:
 
 
 def test_versions_come_from_metadata_without_importing_torch() -> None:
-    code = ("import sys; from k2bench.harness import provenance; v = provenance.versions(); "
+    code = ("import sys; from k2bench.harness.record import provenance; v = provenance.versions(); "
             "assert 'torch' not in sys.modules; print(v['k2bench'], v['python'], v['aiohttp'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -115,7 +115,7 @@ def test_a_request_error_keeps_no_url_password() -> None:
     import yarl
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    from k2bench.harness.loadgen import _describe
+    from k2bench.harness.load.loadgen import _describe
 
     url = yarl.URL("http://bench:Pw0rd-x@h:1/v1/completions")
     info = aiohttp.RequestInfo(url, "POST", CIMultiDictProxy(CIMultiDict()), url)

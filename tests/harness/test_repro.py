@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness import repro
 from k2bench.harness.cli import main
+from k2bench.harness.record import repro
 from k2bench.harness.store import Store
 
 

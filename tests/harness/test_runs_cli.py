@@ -10,9 +10,9 @@ import pytest
 from store_helpers import run_meta, write_levels
 
 from k2bench.harness.cli import main
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.records import RequestRecord
-from k2bench.harness.runjson import validate_doc
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.metrics import summarize_level
+from k2bench.harness.record.runjson import validate_doc
 from k2bench.harness.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"

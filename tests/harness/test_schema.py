@@ -10,9 +10,10 @@ import pytest
 from store_helpers import write_levels
 
 from k2bench.errors import UserError
-from k2bench.harness import catalogue, runjson, schema
 from k2bench.harness.cli import main
-from k2bench.harness.fingerprint import fingerprint
+from k2bench.harness.measure import catalogue
+from k2bench.harness.record import runjson, schema
+from k2bench.harness.record.fingerprint import fingerprint
 from k2bench.harness.store import Store, models
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"

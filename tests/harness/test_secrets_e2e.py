@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from k2bench.harness import launch
 from k2bench.harness.cli import main
+from k2bench.harness.servers import launch
 
 # shape -> a value that appears nowhere else
 SHAPES = {
@@ -86,7 +86,7 @@ def test_no_secret_reaches_the_record_the_logs_or_the_console(backend, tmp_path,
               f"GITHUB_PAT={S['NAME=value inside --server-cmd (GITHUB_PAT)']} "
               # the server prints secrets into its own log, which k2bench keeps
               "sh -c 'echo server sees $MY_DB_PASS $ORACLE_PWD $GITHUB_PAT $HF_TOKEN $VLLM_API_KEY; "
-              "exec {python} -m k2bench.harness.testserver --host {host} --port {port} --model {model} "
+              "exec {python} -m k2bench.harness.load.testserver --host {host} --port {port} --model {model} "
               f"--api-key={S['--api-key=K inside --server-cmd']} "
               f"--root https://hub.example/m?access_token={S['query token in a server argument']}'")
     common = ["--isl", "8", "--osl", "4", "--conc", "1", "--num-prompts", "2", "--warmup", "0", "--db", db,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import settings, suites
 from k2bench.harness.cli import build_parser, main
-from k2bench.harness.jobrun import job_config
-from k2bench.harness.settings import SETTINGS
-from k2bench.harness.sweep import SweepConfig
+from k2bench.harness.plan import settings, suites
+from k2bench.harness.plan.settings import SETTINGS
+from k2bench.harness.run.jobrun import job_config
+from k2bench.harness.run.sweep import SweepConfig
 from k2bench.workloads import loader
 
 SUBCOMMANDS = {settings.SWEEP: ["sweep"], settings.BACKFILL: ["backfill"], settings.BISECT: ["bisect"],

@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, inspect, text
 from store_helpers import make_level, run_meta, write_levels
 
 from k2bench.errors import UserError
-from k2bench.harness.fingerprint import fingerprint
-from k2bench.harness.metrics import summarize_level
-from k2bench.harness.runjson import validate_point
+from k2bench.harness.measure.metrics import summarize_level
+from k2bench.harness.record.fingerprint import fingerprint
+from k2bench.harness.record.runjson import validate_point
 from k2bench.harness.store import Store, default_db_url
 from k2bench.harness.store.upgrade import upgrade_database
 
@@ -267,7 +267,7 @@ def test_killed_sweep_keeps_finished_levels(db_url, tmp_path):
         "import time, pathlib\n"
         "from store_helpers import *\n"
         "from k2bench.harness.store import Store\n"
-        "from k2bench.harness.metrics import summarize_level\n"
+        "from k2bench.harness.measure.metrics import summarize_level\n"
         f"s = Store.open({db_url!r})\n"
         "rid = s.create_run(run_meta())\n"
         "for c in (4, 8):\n"

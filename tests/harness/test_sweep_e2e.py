@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import launch
 from k2bench.harness.cli import main
-from k2bench.harness.runjson import schema_name
+from k2bench.harness.record.runjson import schema_name
+from k2bench.harness.run.sweep import LevelEvents, SweepConfig, run_sweep
+from k2bench.harness.servers import launch
 from k2bench.harness.store import Store
-from k2bench.harness.sweep import LevelEvents, SweepConfig, run_sweep
 from k2bench.net import free_port
 from k2bench.workloads.loader import Workload
 
@@ -155,7 +155,7 @@ def test_default_sweep_runs_the_bundled_tiny_engine(tmp_path, monkeypatch, capsy
                  "--db", db, "--json", "run.json"])
     err = capsys.readouterr().err
     assert code == 0, err
-    from k2bench.harness.launch import models_dir
+    from k2bench.harness.servers.launch import models_dir
 
     assert (models_dir() / "tiny-arith" / "training.json").is_file()  # the trained model, from the shared cache
     doc = json.loads((tmp_path / "run.json").read_text())
@@ -177,7 +177,7 @@ def test_launched_server_dying_mid_sweep_shows_its_log(tmp_path, capsys) -> None
         import os
         import signal
 
-        from k2bench.harness import launch as launch_mod
+        from k2bench.harness.servers import launch as launch_mod
 
         if point["concurrency"] != 1:
             return
@@ -263,7 +263,7 @@ def test_every_request_of_a_level_gets_its_own_prompt(tmp_path, monkeypatch) -> 
     """Warmup prompts are not reused by measured requests (prefix caches would make those cheap)."""
     db = f"sqlite:///{tmp_path}/k.db"
     seen: list[bytes] = []
-    import k2bench.harness.loadgen as lg
+    import k2bench.harness.load.loadgen as lg
 
     original = lg.request_body
 
@@ -288,8 +288,8 @@ def test_sigterm_inside_a_transport_callback_still_interrupts(tmp_path) -> None:
     import threading
     import time
 
-    from k2bench.harness.loadgen import run as run_async
-    from k2bench.harness.sweep import _sigterm_as_interrupt
+    from k2bench.harness.load.loadgen import run as run_async
+    from k2bench.harness.run.sweep import _sigterm_as_interrupt
 
     class Busy(asyncio.Protocol):
         def data_received(self, data: bytes) -> None:

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from k2bench.harness import launch
 from k2bench.harness.cli import main
+from k2bench.harness.measure.validity import ValidityRules
+from k2bench.harness.run.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
+from k2bench.harness.servers import launch
 from k2bench.harness.store import Store
-from k2bench.harness.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
-from k2bench.harness.validity import ValidityRules
 from k2bench.workloads.loader import Workload
 
 
@@ -191,7 +191,7 @@ def test_a_finished_sweep_says_how_to_open_the_dashboard_and_names_devices(tmp_p
 
 def test_a_bare_sweep_suggests_a_quick_one_and_the_gpu_one(tmp_path, capsys, monkeypatch) -> None:
     """Without arguments the sweep is the design card's (hours on a CPU): it says so before starting."""
-    import k2bench.harness.sweep as sweep_mod
+    import k2bench.harness.run.sweep as sweep_mod
 
     started: list[SweepConfig] = []
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from k2bench.errors import UserError
-from k2bench.harness import launch
+from k2bench.harness.servers import launch
 from k2bench.net import free_port
 from k2bench.workloads import loader
 from k2bench.workloads import prompts as prompts_mod

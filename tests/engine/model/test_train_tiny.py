@@ -82,7 +82,7 @@ def test_cli_refuses_training_options_it_cannot_honour(tmp_path, capsys):
 def trained() -> Path:
     """The default training run, as the default sweep gets it: the cached model (tests/conftest.py's
     K2BENCH_MODELS), trained through the CLI by the first test that needs it."""
-    from k2bench.harness.launch import ensure_tiny_model
+    from k2bench.harness.servers.launch import ensure_tiny_model
 
     out = ensure_tiny_model()
     summary = json.loads((out / "training.json").read_text())

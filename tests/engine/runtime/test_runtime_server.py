@@ -98,7 +98,7 @@ def test_completion_usage_and_length_under_ignore_eos(server):
 
 
 def test_models_lists_the_model_folder_as_root_so_an_attached_sweep_finds_the_vocabulary(tiny, server):
-    from k2bench.harness.launch import ServerHandle
+    from k2bench.harness.servers.launch import ServerHandle
 
     with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as r:
         served = json.loads(r.read())["data"]

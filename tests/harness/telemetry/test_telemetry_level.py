@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from telemetry_fakes import FakeSource
 
 from k2bench.errors import UserError
-from k2bench.harness import launch
-from k2bench.harness.loadgen import LevelSpec, Prompt, run_level
+from k2bench.harness.load.loadgen import LevelSpec, Prompt, run_level
+from k2bench.harness.servers import launch
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 
 

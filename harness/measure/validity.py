@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from k2bench.errors import UserError
-from k2bench.harness.level_watch import timed_out
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.level_watch import timed_out
+from k2bench.harness.load.records import RequestRecord
 
 
 @dataclass(frozen=True)

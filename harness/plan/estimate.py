@@ -7,7 +7,7 @@ once plus each sequence's cache (and, for a MoE, the experts its tokens touch). 
 about ``waves x (c x prefill + osl x step(c))``, with ``step(c) = step(1) + (c - 1) x per_seq``. It is
 never one request's TPOT times the number of requests: that reads every step as if it served one.
 
-Before the first level the figures come from a probe (k2bench.harness.sweep): one lone request,
+Before the first level the figures come from a probe (k2bench.harness.run.sweep): one lone request,
 which also takes the server's cold start (first-call compilation, plans, allocation) out of what
 follows, then one small batch of PROBE_BATCH requests. The batch gives the prefill share (its last
 first token / its size) and step(PROBE_BATCH); the lone request gives step(1); the two give the
@@ -66,7 +66,7 @@ def sweep_seconds(levels: Sequence[Level], osl: int, speed: Speed) -> float:
 
 
 def _ttft_tpot(m: dict) -> tuple[float, float] | None:
-    """(TTFT, TPOT) in s of one request's metrics (k2bench.harness.metrics.request_metrics), or None."""
+    """(TTFT, TPOT) in s of one request's metrics (k2bench.harness.measure.metrics.request_metrics), or None."""
     if m.get("ttft_ms") is None or m.get("tpot_ms") is None:
         return None
     return m["ttft_ms"] / 1000, m["tpot_ms"] / 1000

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from k2bench.harness import gitrepo
 from k2bench.harness.analysis import regress
+from k2bench.harness.history import gitrepo
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The metric catalogue: every per-level metric declared once, with what each reader needs, and the
 one home of presentation: labels, units and decimals of every field shown to a user.
 
-Metrics compute it (k2bench.harness.metrics), the gate judges it and the change-point scan
+Metrics compute it (k2bench.harness.measure.metrics), the gate judges it and the change-point scan
 follows it (analysis), `k2bench show` and the dashboard print and plot it. Each of them reads
 label, unit, direction, display decimals and the per-request sample from here, so a metric is
 never described twice. The stored fields that are not metrics (a level's concurrency, duration,
 failures; a run's start) are shown with the headers and decimals of ``FIELDS``; the schema
-(k2bench.harness.schema) declares their types, checks and columns and says nothing of how they look.
+(k2bench.harness.record.schema) declares their types, checks and columns and says nothing of how they look.
 
 Repeated trials of one level (``sweep --trials K``) are reduced to one value per run with the
 **median**, everywhere (``over_trials``). The median keeps one disturbed trial (a noisy

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from k2bench.errors import UserError
-from k2bench.harness import gitrepo
 from k2bench.harness.analysis import regress
-from k2bench.harness.backfill import CommitBench
+from k2bench.harness.history import gitrepo
+from k2bench.harness.history.backfill import CommitBench
 
 SCHEMA = "k2bench.bisect/1"
 

@@ -12,7 +12,7 @@ Per level (warmup records ignored; duration = first send to last finish (end_ns)
 - tput_per_gpu = (input + output tokens of completed requests) / duration / num_gpus.
 - interactivity = 1000 / TPOT percentile in ms ("tok/s/user"), see ``_interactivity``.
 
-Labels, units and directions of these figures are in k2bench.harness.catalogue.
+Labels, units and directions of these figures are in k2bench.harness.measure.catalogue.
 
 Percentiles are numpy's default linear interpolation (``np.percentile(..., method="linear")``);
 std is the population standard deviation (ddof=0), as vLLM's benchmark_serving reports it.
@@ -27,8 +27,8 @@ from itertools import pairwise
 import numpy as np
 
 from k2bench.errors import UserError
-from k2bench.harness.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 
 __all__ = ["INTERACTIVITY_KEYS", "LATENCY_METRICS", "STAT_KEYS", "measured", "request_metrics", "stats",
            "summarize_level"]

@@ -1,6 +1,6 @@
 """Raw per-request records: the contract between the load generator, metrics and the store.
 
-Everything a summary reports is derived from these stamps (see k2bench.harness.metrics),
+Everything a summary reports is derived from these stamps (see k2bench.harness.measure.metrics),
 so a stored run can always be re-summarised. Stamps are client-side monotonic nanoseconds
 (time.monotonic_ns) taken when each SSE message arrived, before any parsing.
 """

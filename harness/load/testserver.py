@@ -7,7 +7,7 @@ one. Deadlines are absolute (request arrival + offset), so a late wake-up does n
 later token back. Failure modes (400s, streams that end early, a wrong usage count, a slow
 start) let tests check that the load generator reports them.
 
-    python -m k2bench.harness.testserver --port 8000 --ttft-ms 200 --itl-ms 20
+    python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
 Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
 """
@@ -299,7 +299,7 @@ class TestServer:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m k2bench.harness.testserver", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m k2bench.harness.load.testserver", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default=ServerConfig.model)
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    from k2bench.harness.loadgen import run
+    from k2bench.harness.load.loadgen import run
 
     run(TestServer(config_from_args(args)).serve(args.host, args.port))
 

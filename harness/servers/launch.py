@@ -27,9 +27,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import pdeathsig, recipes, redact
-from k2bench.harness.model_list import served_models
-from k2bench.harness.settings import API_KEY_ENV
+from k2bench.harness import redact
+from k2bench.harness.plan.settings import API_KEY_ENV
+from k2bench.harness.servers import pdeathsig, recipes
+from k2bench.harness.servers.model_list import served_models
 from k2bench.net import free_port, normalize_base_url
 
 MODELS_ENV = "K2BENCH_MODELS"  # overrides the folder of cached models (tests share one trained model)

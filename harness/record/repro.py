@@ -12,7 +12,8 @@ import os
 import shlex
 from dataclasses import asdict
 
-from k2bench.harness import provenance, redact
+from k2bench.harness import redact
+from k2bench.harness.record import provenance
 from k2bench.harness.redact import MASK
 from k2bench.workloads.loader import Workload
 

@@ -1,12 +1,12 @@
 """The k2bench.run JSON document: build, validate, parse.
 
-The fields and the version come from k2bench.harness.schema. A document is
+The fields and the version come from k2bench.harness.record.schema. A document is
 ``{"schema": "k2bench.run/<version>", "run": {...}, "points": [...], "evals": [...], "requests": [...]}``
 ("evals", from version 2, and "requests" are optional). Validation returns a normalised copy and raises UserError naming the
 first bad field by its path (for example ``points[2].ttft_ms.p99``). Unknown fields are errors,
 so a typo is never silently dropped; free-form data goes in run.tags, run.notes, run.client,
 run.extra or a point's extra. What any value may be (finite, 64-bit, not too deep, physical for a
-level's numbers, names at most bounds.NAME_CAP characters) is k2bench.harness.bounds'.
+level's numbers, names at most bounds.NAME_CAP characters) is k2bench.harness.record.bounds'.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from sqlalchemy import BigInteger, Integer, String, Text
 
 from k2bench.errors import UserError
-from k2bench.harness import bounds, schema
-from k2bench.harness.schema import RUN_STATUSES, Spec, format_time, parse_time
+from k2bench.harness.record import bounds, schema
+from k2bench.harness.record.schema import RUN_STATUSES, Spec, format_time, parse_time
 
 __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
            "validate_eval", "validate_evals", "validate_point", "validate_request", "validate_run", "write_doc"]

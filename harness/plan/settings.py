@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k2bench.errors import UserError
-from k2bench.harness.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
+from k2bench.harness.plan.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 
 Config = Any  # a SweepConfig: not imported, so that sweep.py may import this module
@@ -59,7 +59,7 @@ def _via(check: Callable[[Any], object]) -> Callable[[Any], str | None]:
 
 
 def _failure_rate(v: float) -> None:
-    from k2bench.harness.validity import ValidityRules
+    from k2bench.harness.measure.validity import ValidityRules
 
     ValidityRules(max_failure_rate=v).validate()
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import settings
+from k2bench.harness.plan import settings
 
 try:
     import tomllib

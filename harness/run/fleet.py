@@ -19,7 +19,7 @@ from pathlib import Path
 
 from k2bench.errors import UserError
 from k2bench.harness import redact
-from k2bench.harness.suites import Job, Suite
+from k2bench.harness.plan.suites import Job, Suite
 
 DEFAULT_LABEL = "gpu"  # runner label of a job that names no hardware
 DB_ENV = "K2BENCH_DB"  # how a database URL with a password reaches the tasks: the environment, not the script

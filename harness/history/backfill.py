@@ -15,10 +15,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k2bench.errors import UserError
-from k2bench.harness import gitrepo, launch, recipes, redact
-from k2bench.harness.fingerprint import fingerprint
-from k2bench.harness.provenance import detect_hardware
-from k2bench.harness.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
+from k2bench.harness import redact
+from k2bench.harness.history import gitrepo
+from k2bench.harness.record.fingerprint import fingerprint
+from k2bench.harness.record.provenance import detect_hardware
+from k2bench.harness.run.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
+from k2bench.harness.servers import launch, recipes
 
 CMD_TAG = "server_cmd"
 

@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
-from k2bench.harness import crash, estimate, launch, provenance, redact, repro, settings
-from k2bench.harness.level_watch import LevelWatch
-from k2bench.harness.loadgen import LevelSpec, level_failure, run_level
-from k2bench.harness.loadgen import run as run_async
-from k2bench.harness.records import RequestRecord
+from k2bench.harness import crash, redact
+from k2bench.harness.load.level_watch import LevelWatch
+from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
+from k2bench.harness.load.loadgen import run as run_async
+from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.validity import ValidityRules, judge_level
+from k2bench.harness.plan import estimate, settings
+from k2bench.harness.record import provenance, repro
+from k2bench.harness.servers import launch
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
-from k2bench.harness.validity import ValidityRules, judge_level
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
 
@@ -204,7 +207,7 @@ def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
     a sweep that measured nothing leaves nothing behind."""
-    from k2bench.harness.metrics import summarize_level
+    from k2bench.harness.measure.metrics import summarize_level
     from k2bench.harness.store import Store
     from k2bench.harness.store.heartbeat import Heartbeat
 
@@ -289,7 +292,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
             if result.run_id is not None:
                 store.finish_run(result.run_id, result.status)
                 if cfg.json_path:
-                    from k2bench.harness import runjson
+                    from k2bench.harness.record import runjson
 
                     runjson.write_doc(store.export_run(result.run_id), cfg.json_path)
         finally:  # a failed finish or JSON write must not leave the database open
@@ -300,10 +303,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
 def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Speed | None:
     """What a level costs on this server, for the up-front estimate of a large sweep (None for a sweep
     quick anywhere, or when the probe fails: the first level will then say why). One lone request
-    (it also takes the server's cold start), then a small batch sent together: see k2bench.harness.estimate."""
+    (it also takes the server's cold start), then a small batch sent together: see k2bench.harness.plan.estimate."""
     import dataclasses
 
-    from k2bench.harness.metrics import request_metrics
+    from k2bench.harness.measure.metrics import request_metrics
 
     w = cfg.workload
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from k2bench.harness.schema import FINGERPRINT_FIELDS  # the Run fields declared with fingerprint=True
+from k2bench.harness.record.schema import FINGERPRINT_FIELDS  # the Run fields declared with fingerprint=True
 
 __all__ = ["FINGERPRINT_FIELDS", "fingerprint", "fingerprint_fields"]
 

@@ -1,6 +1,6 @@
 """Regression reports: markdown that fits a PR comment, JSON for machines, a PNG of the frontiers.
 
-Every stored string (names, commits, reasons, notes) goes through k2bench.harness.mdsafe before it
+Every stored string (names, commits, reasons, notes) goes through k2bench.harness.analysis.mdsafe before it
 reaches the markdown, so a hostile run cannot inject HTML, mentions, headings or table columns.
 The markdown starts with a hidden marker (``COMMENT_MARKER``) so the CI script can find and update
 its own comment instead of adding a new one on every push.
@@ -13,8 +13,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from k2bench.harness.analysis.mdsafe import md_code, md_text
 from k2bench.harness.analysis.regress import METRICS, RegressResult, Verdict
-from k2bench.harness.mdsafe import md_code, md_text
 
 COMMENT_MARKER = "<!-- k2bench-regress -->"
 MARKS = {"regression": "❌", "improvement": "✅", "noise": "~", "unconfirmed": "?", "unchanged": "",

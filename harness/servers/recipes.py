@@ -92,7 +92,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="testserver",
             description="k2bench's controllable test server (known TTFT and token gap; no model)",
-            argv=("{python}", "-m", "k2bench.harness.testserver", "--host", "{host}", "--port", "{port}",
+            argv=("{python}", "-m", "k2bench.harness.load.testserver", "--host", "{host}", "--port", "{port}",
                   "--model", "{model}"),
             version_argv=("{python}", "-m", "k2bench.harness.cli", "--version"),
             ready_timeout_s=60.0,

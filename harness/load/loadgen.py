@@ -28,7 +28,7 @@ import aiohttp
 
 from k2bench.errors import ServerError
 from k2bench.harness import redact
-from k2bench.harness.level_watch import (
+from k2bench.harness.load.level_watch import (
     CANNOT_CONNECT,
     CONNECTION_CLOSED,
     CONNECTION_LOST,
@@ -36,7 +36,7 @@ from k2bench.harness.level_watch import (
     TIMED_OUT,
     LevelWatch,
 )
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 

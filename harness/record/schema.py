@@ -5,7 +5,7 @@ imported document must carry it, its SQL column and its help text. Everything el
 from these classes: the k2bench.run JSON reader and writer (runjson), the ORM tables
 (store.models), the DataFrames (store.frames) and the fingerprint's field list. How a field is
 shown (header, unit, decimals) is presentation and lives in the catalogue
-(k2bench.harness.catalogue), never here. Adding a field is an edit here plus one Alembic migration.
+(k2bench.harness.measure.catalogue), never here. Adding a field is an edit here plus one Alembic migration.
 
 The JSON document carries ``"schema": "k2bench.run/<SCHEMA_VERSION>"``. A change to the fields
 bumps SCHEMA_VERSION and adds ``UPGRADES[old] = update_to_<old + 1>``, a function that turns a
@@ -18,7 +18,7 @@ bool, dict, json (object, list or string), str_list, int_list, time (ISO-8601, s
 UTC), status (one of RUN_STATUSES), stats (an object of the statistics in ``keys``, one Float
 column each, named ``<field>_<key>``).
 
-The in-memory record the load generator fills is k2bench.harness.records.RequestRecord (absolute
+The in-memory record the load generator fills is k2bench.harness.load.records.RequestRecord (absolute
 stamps); ``Request`` here is its stored and exported form (stamps as deltas).
 """
 
@@ -33,7 +33,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, Stri
 from sqlalchemy.types import TypeEngine
 
 from k2bench.errors import UserError
-from k2bench.harness.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
+from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
 SCHEMA_VERSION = 2
@@ -63,7 +63,7 @@ NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")
 
 @dataclass(frozen=True)
 class Spec:
-    """How one field is checked and stored (how it is shown: k2bench.harness.catalogue)."""
+    """How one field is checked and stored (how it is shown: k2bench.harness.measure.catalogue)."""
 
     kind: str
     sql: TypeEngine | None  # None: not a plain column (the store keeps it another way)
@@ -73,7 +73,7 @@ class Spec:
     default: object = None  # the value when the document leaves it out or null
     column: str | None = None  # column name, when it differs from the field name
     index: bool = False
-    fingerprint: bool = False  # part of the configuration fingerprint (see k2bench.harness.fingerprint)
+    fingerprint: bool = False  # part of the configuration fingerprint (see k2bench.harness.record.fingerprint)
     keys: tuple[str, ...] = ()  # kind "stats": the statistics
     name: str = ""  # filled from the class attribute
 
@@ -163,7 +163,7 @@ class Point:
     input_tput_per_gpu: float | None = col("float?", Float(), "input tokens / duration / GPUs")
     extra: dict | None = col("dict?", JSON(), "free-form data")
     # validity (version 2): an invalid level is kept but left out of frontiers, the gate and change points
-    valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.validity); absent: no request "
+    valid: bool = col("bool", Boolean(), "the level counts (see k2bench.harness.measure.validity); absent: no request "
                       "failed", nullable=False)
     invalid_reason: str | None = col("str?", Text(), "why the level does not count (null when valid)")
     # v2: what the level cost and what the server saw (k2bench.harness.telemetry)
@@ -188,7 +188,7 @@ class Point:
 
 @dataclass
 class Request:
-    """One request's raw stamps, as stored and exported (k2bench.harness.records holds the live form)."""
+    """One request's raw stamps, as stored and exported (k2bench.harness.load.records holds the live form)."""
 
     concurrency: int = col("pos_int", Integer(), "its level's concurrency", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "its level's trial", nullable=False, default=0)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from k2bench.harness.records import RequestRecord
+from k2bench.harness.load.records import RequestRecord
 
 ERRORS_KEPT = 400  # characters of an error kept in a record
 # How a failed request's error begins (the load generator writes them; the checks below read them)
