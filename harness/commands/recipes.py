@@ -19,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _recipes(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    from k2bench.harness import redact
     from k2bench.harness.servers import recipes
 
     known = recipes.all_recipes(args.dir)
@@ -28,10 +30,10 @@ def _recipes(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     for name in sorted(known):
         r = known[name]
-        row = [name, r.source, r.description]
+        row = [name, str(r.source), r.description]  # user files' text: shown as written, never as markup
         if args.verbose:
-            row.append(" ".join(r.argv + r.flags))
-        table.add_row(*row)
+            row.append(" ".join(redact.argv(r.argv + r.flags)))
+        table.add_row(*(Text(cell) for cell in row))
     table.add_row(recipes.CUSTOM, "--server-cmd", "any server command with {port} (and {host} {model} {tp})",
                   *(("",) if args.verbose else ()))
     Console(width=160).print(table)

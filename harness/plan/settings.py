@@ -43,6 +43,13 @@ def at_least(low: float) -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f"must be at least {low:g}"
 
 
+def short(v: str) -> str | None:
+    """Names are stored and capped there (record/bounds.py): refuse a longer one before a server starts."""
+    from k2bench.harness.record.bounds import NAME_CAP
+
+    return None if len(v) <= NAME_CAP else f"is {len(v)} characters; a stored name keeps at most {NAME_CAP}"
+
+
 def positive(v: float) -> str | None:
     return None if v > 0 else "must be positive"
 
@@ -146,12 +153,13 @@ SETTINGS: tuple[Setting, ...] = (
     S("url", str, "server", "attach to a running OpenAI-compatible server, e.g. http://host:8000",
       commands=SWEEP_ONLY, key=False),
     S("engine", str, "server", "launch a server through this recipe (bundled, atom, vllm, sglang, testserver; "
-      "default bundled)", commands=SWEEP_ONLY, example="testserver"),
+      "default bundled)", commands=SWEEP_ONLY, check=short, example="testserver"),
     S("server_cmd", str, "server", "launch this command line instead of a recipe (the custom recipe; backfill "
       "and bisect need it and run it in each commit's worktree): {port} (a free port k2bench picks; required), "
       "{host}, {model}, {tp} and {python} are filled in", metavar="CMD", example="python -m my_server --port {port}"),
     S("model", str, "server", "model path or id (default for bundled: the tiny model trained on tiny-arith, "
-      "cached; for a backfill: the server's first model, recorded as 'default')", example="/models/k2"),
+      "cached; for a backfill: the server's first model, recorded as 'default')", check=short,
+      example="/models/k2"),
     S("tp", int, "server", "tensor parallel size", default=1, check=at_least(1), example=2),
     S("server_args", str, "server", "extra server arguments, one quoted string (write --server-args='--flag' "
       "for one flag)", example="--max-num-seqs 256"),
@@ -195,7 +203,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("commit", str, "recording", "commit measured (default: git HEAD, if in a git checkout)",
       commands=frozenset({SWEEP, SUITE_RUN}), key=False),
     S("branch", str, "recording", "branch measured (default: the current git branch; for a backfill: the "
-      "repo's branch holding the commit)", commands=frozenset({*EVERYWHERE, SUITE_RUN}), key=False),
+      "repo's branch holding the commit)", commands=frozenset({*EVERYWHERE, SUITE_RUN}), key=False,
+      check=short),
     S("tag", "tags", "recording", "free-form tag KEY=VALUE (repeatable)", commands=frozenset({*EVERYWHERE, SUITE_RUN}),
       key=False, metavar="KEY=VALUE", attr="tags"),
     S("gpus", int, "recording", "GPUs the server uses, for tok/s/GPU (default: --tp)", check=at_least(1), example=4),

@@ -72,6 +72,16 @@ def test_recipes_command_lists_user_files_and_fails_cleanly(tmp_path, capsys) ->
     assert "bad.toml: unknown field 'x'" in capsys.readouterr().err
 
 
+def test_recipes_command_masks_secrets_and_prints_markup_as_text(tmp_path, capsys) -> None:
+    (tmp_path / "hostile.toml").write_text(
+        'command = "srv --port {port} --api-key sk-live-0123456789abcdef"\n'
+        'description = "[/red] closes a tag that was never opened"\n')
+    assert main(["recipes", "--dir", str(tmp_path), "-v"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table folds long cells over lines
+    assert "sk-live-0123456789abcdef" not in out
+    assert "[/red]" in out
+
+
 def test_custom_recipe_launches_from_its_working_directory(tmp_path) -> None:
     (tmp_path / "srv.py").write_text(
         "import runpy, sys\n"

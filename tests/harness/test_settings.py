@@ -102,6 +102,7 @@ def test_keys_that_are_no_setting_are_refused(tmp_path: Path) -> None:
     ("timeout = -1", "timeout = -1 must be positive"),
     ("max_failure_rate = 1.5", "must be at least 0 and below 1"),
     ("gpu_ids = '0,,1'", "expected a comma-separated list"),
+    (f"model = '{'m' * 201}'", "is 201 characters; a stored name keeps at most 200"),
 ])
 def test_a_bad_value_in_a_suite_file_names_the_file_the_key_and_the_reason(tmp_path: Path, line: str,
                                                                            reason: str) -> None:
@@ -136,6 +137,7 @@ def test_a_length_of_0_is_refused_by_the_workload_not_taken_for_the_default() ->
     (["--warmup", "-1"], "--warmup must be at least 0"),
     (["--ready-timeout", "0"], "--ready-timeout must be positive"),
     (["--engine", "vllm"], "not both (--url and --engine)"),
+    (["--model", "m" * 300], "--model is 300 characters; a stored name keeps at most 200"),  # before any launch
 ])
 def test_the_command_line_is_checked_by_the_same_declaration(argv: list[str], message: str, capsys) -> None:
     assert main(["sweep", "--url", "http://127.0.0.1:9", *argv]) == 2
