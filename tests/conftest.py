@@ -19,6 +19,30 @@ os.environ.setdefault("K2BENCH_MODELS", str(Path(__file__).resolve().parents[1] 
 
 
 @pytest.fixture
+def pg_url():
+    """A private database of the test PostgreSQL (K2BENCH_TEST_PG_URL), made for one test and dropped after
+    it. Test files run side by side (pytest-xdist), so no test may reset a database another one uses."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = os.environ.get("K2BENCH_TEST_PG_URL")
+    if not base:
+        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
+    name = f"k2bench_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
 def port() -> int:
     """A free loopback port (no hard-coded ports in tests)."""
     return free_port()

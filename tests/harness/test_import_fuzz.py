@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from k2bench.harness.cli import main
 from k2bench.harness.record.runjson import validate_doc
@@ -20,7 +18,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"
 FLEET = Path(__file__).parents[1] / "fleet" / "fixtures"
 VLLM = FLEET / "vllm-inf-concurrency4-Qwen3-0.6B.json"
 AIPERF = FLEET / "profile_export_aiperf.json"
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 
 
 @pytest.fixture
@@ -33,14 +30,7 @@ def any_db(request, tmp_path) -> str:
     """SQLite, and PostgreSQL where it runs: its 32-bit INTEGER and its text rules are stricter."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'fuzz.db'}"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return PG_URL
+    return request.getfixturevalue("pg_url")
 
 
 def _stored(db: str) -> int:

@@ -3,19 +3,16 @@ duplicate check runs inside the write transaction, under the store's write lock.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from k2bench.harness.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 WORKER = """
 import sys, time
 from pathlib import Path
@@ -33,14 +30,7 @@ sys.exit(main(["import", path, "--db", url]))
 def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'k2bench.db'}"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return PG_URL
+    return request.getfixturevalue("pg_url")
 
 
 def test_four_parallel_imports_of_one_file_store_one_copy(db_url, tmp_path):

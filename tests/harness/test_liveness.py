@@ -27,7 +27,6 @@ from k2bench.harness.store import Store, liveness
 from k2bench.harness.store.heartbeat import Heartbeat
 from k2bench.workloads.loader import Workload
 
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 LEASE = timedelta(seconds=liveness.LEASE_S)
 
 
@@ -35,14 +34,7 @@ LEASE = timedelta(seconds=liveness.LEASE_S)
 def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'k2bench.db'}"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return PG_URL
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture

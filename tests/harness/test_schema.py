@@ -21,7 +21,7 @@ ANALYSIS_FIXTURES = Path(__file__).parents[1] / "analysis" / "fixtures"
 
 # Columns the store keeps for itself, beside the schema's fields.
 BOOKKEEPING = {
-    "runs": {"id", "writer_host", "writer_pid", "writer_start", "updated_at"},
+    "runs": {"id", "writer_host", "writer_pid", "writer_start", "updated_at", "heartbeat_at"},
     "points": {"id", "run_id", "created_at"},
     "requests": {"id", "point_id", "run_id", "n_tokens", "token_deltas"},
 }

@@ -9,7 +9,6 @@ database, the JSON export, `show` and `show --repro`, the kept server logs, or t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -37,15 +36,12 @@ SHAPES = {
     "--db url password": "DbUrlPw-61",
 }
 S = SHAPES
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 
 
-def _db_url(backend: str, tmp_path: Path) -> str:
+def _db_url(backend: str, tmp_path: Path, request) -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp_path}/k.db"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    scheme, rest = PG_URL.split("://", 1)
+    scheme, rest = request.getfixturevalue("pg_url").split("://", 1)
     user, at, host = rest.rpartition("@")
     assert at, "the test PostgreSQL URL names its user"
     return f"{scheme}://{user.split(':')[0]}:{S['--db url password']}@{host}"  # the test server trusts any password
@@ -73,14 +69,15 @@ def _leaks(where: dict[str, str]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_no_secret_reaches_the_record_the_logs_or_the_console(backend, tmp_path, capsys, monkeypatch) -> None:
+def test_no_secret_reaches_the_record_the_logs_or_the_console(backend, tmp_path, capsys, monkeypatch,
+                                                              request) -> None:
     monkeypatch.chdir(tmp_path)  # server logs go to ./results/logs
     for name in ("HF_TOKEN", "VLLM_API_KEY", "ATOM_DB_PASS", "AITER_ADMIN_PWD", "K2BENCH_GITHUB_PAT",
                  "TRITON_CLIENT_SECRET"):
         monkeypatch.setenv(name, S[f"env {name}"])
     monkeypatch.setenv("K2BENCH_DB", f"postgresql://bench:{S['env K2BENCH_DB url password']}@nowhere.invalid/k2")
     monkeypatch.setenv("K2BENCH_KEYBOARD_LAYOUT", "us-intl")  # recorded, and not a secret
-    db = _db_url(backend, tmp_path)
+    db = _db_url(backend, tmp_path, request)
     server = (f"env MY_DB_PASS={S['NAME=value inside --server-cmd (MY_DB_PASS)']} "
               f"ORACLE_PWD={S['NAME=value inside --server-cmd (ORACLE_PWD)']} "
               f"GITHUB_PAT={S['NAME=value inside --server-cmd (GITHUB_PAT)']} "

@@ -24,25 +24,14 @@ from k2bench.harness.store import Store, default_db_url
 from k2bench.harness.store.upgrade import upgrade_database
 
 HERE = Path(__file__).parent
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 
-
-def _reset_postgres(url: str) -> None:
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'sub' / 'k2bench.db'}"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    _reset_postgres(PG_URL)
-    return PG_URL
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture

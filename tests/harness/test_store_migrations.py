@@ -8,36 +8,23 @@ migration_helpers.py). SQLite, and PostgreSQL when K2BENCH_TEST_PG_URL is set.""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 from migration_helpers import ROWS, build_at, fill, revision_of, revisions, stored
-from sqlalchemy import create_engine, text
 
 from k2bench.harness.store import Store, db
 from k2bench.harness.store.upgrade import upgrade_database
 
-PG_URL = os.environ.get("K2BENCH_TEST_PG_URL")
 OLD = revisions()[:-1]
 
-
-def _reset_postgres(url: str) -> None:
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'k2bench.db'}"
-    if not PG_URL:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    _reset_postgres(PG_URL)
-    return PG_URL
+    return request.getfixturevalue("pg_url")
 
 
 def test_every_revision_is_in_the_list():
