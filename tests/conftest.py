@@ -5,7 +5,9 @@ tests/dashboard; tests/test_import_boundaries.py guards the folders' import rule
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,10 @@ from k2bench.net import free_port
 os.environ.setdefault("K2BENCH_MODELS", str(Path(__file__).resolve().parents[1] / "results" / "models"))
 
 
-@pytest.fixture
-def pg_url():
-    """A private database of the test PostgreSQL (K2BENCH_TEST_PG_URL), made for one test and dropped after
-    it. Test files run side by side (pytest-xdist), so no test may reset a database another one uses."""
+@contextlib.contextmanager
+def private_pg_database(prefix: str = "k2bench_t") -> Iterator[str]:
+    """A private database of the test PostgreSQL (K2BENCH_TEST_PG_URL), dropped on the way out. Test files
+    run side by side (pytest-xdist), so no test may reset a database another one uses."""
     import uuid
 
     from sqlalchemy import create_engine, text
@@ -30,7 +32,7 @@ def pg_url():
     base = os.environ.get("K2BENCH_TEST_PG_URL")
     if not base:
         pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    name = f"k2bench_t_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -40,6 +42,21 @@ def pg_url():
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with private_pg_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    """A store URL on each backend: SQLite in a folder the store must create, and a private PostgreSQL
+    database (skipped where none runs)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sub' / 'k2bench.db'}"
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture

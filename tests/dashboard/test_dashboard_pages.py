@@ -458,29 +458,15 @@ def test_missing_database_is_a_message_not_a_traceback(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def pg_fixture():
     """The same fixture in a private database of the test PostgreSQL (created here, dropped after)."""
-    import os
-    import uuid
+    from conftest import private_pg_database
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    with private_pg_database("k2bench_dash") as url:
+        try:
+            yield fxdb.build(url)
+        finally:
+            from k2bench.dashboard import cache
 
-    base = os.environ.get("K2BENCH_TEST_PG_URL")
-    if not base:
-        pytest.skip("K2BENCH_TEST_PG_URL is not set (bash .ci/run starts a PostgreSQL)")
-    name = f"k2bench_dash_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(base).set(database=name).render_as_string(hide_password=False)
-    try:
-        yield fxdb.build(url)
-    finally:
-        from k2bench.dashboard import cache
-
-        cache.store.clear()  # the cached read-only engine holds connections to the database
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+            cache.store.clear()  # the cached read-only engine holds connections to the database
 
 
 @pytest.mark.postgres

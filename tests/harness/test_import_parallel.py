@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from k2bench.harness.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small.json"
@@ -24,13 +22,6 @@ while not Path(go).exists() and time.monotonic() < deadline:
     time.sleep(0.005)
 sys.exit(main(["import", path, "--db", url]))
 """
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'k2bench.db'}"
-    return request.getfixturevalue("pg_url")
 
 
 def test_four_parallel_imports_of_one_file_store_one_copy(db_url, tmp_path):

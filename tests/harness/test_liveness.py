@@ -30,13 +30,6 @@ from k2bench.workloads.loader import Workload
 LEASE = timedelta(seconds=liveness.LEASE_S)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'k2bench.db'}"
-    return request.getfixturevalue("pg_url")
-
-
 @pytest.fixture
 def store(db_url):
     with Store.open(db_url) as s:

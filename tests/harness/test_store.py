@@ -27,13 +27,6 @@ HERE = Path(__file__).parent
 
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'sub' / 'k2bench.db'}"
-    return request.getfixturevalue("pg_url")
-
-
 @pytest.fixture
 def store(db_url):
     with Store.open(db_url) as s:
