@@ -55,6 +55,15 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(db)
 
 
+def require_existing(url: URL) -> Path | None:
+    """The SQLite file of url, which must exist (a command that does not create databases asked for it);
+    None where url is no SQLite file."""
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise UserError(f"no k2bench database at {path} (a sweep or `k2bench import` creates one)")
+    return path
+
+
 def make_engines(url: URL, readonly: bool) -> tuple[Engine, Engine | None]:
     """(read engine, write engine); the write engine is None for a read-only store."""
     try:

@@ -75,15 +75,12 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
         schema but head, never upgrading."""
         url = url or db.default_db_url()
         parsed = db.parse_url(url)
-        path = db.sqlite_path(parsed)
-        if path is not None:
-            if readonly and not path.exists():
-                raise UserError(f"no k2bench database at {path} (run a sweep or `k2bench import` first)")
-            if not readonly:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise UserError(f"cannot create the folder for {path}: {exc.strerror or exc}") from None
+        path = db.require_existing(parsed) if readonly else db.sqlite_path(parsed)
+        if path is not None and not readonly:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"cannot create the folder for {path}: {exc.strerror or exc}") from None
         read_engine, write_engine = db.make_engines(parsed, readonly)
         try:
             if write_engine is not None:

@@ -104,9 +104,7 @@ def migrate(write_engine: Engine, explicit: bool = False) -> str | None:
 def database_revision(url: str) -> str | None:
     """The schema revision of the database at url (None: no k2bench tables), read without changing it."""
     parsed = db.parse_url(url)
-    path = db.sqlite_path(parsed)
-    if path is not None and not path.exists():
-        raise UserError(f"no k2bench database at {path} (a sweep or `k2bench import` creates one)")
+    db.require_existing(parsed)
     engine, _ = db.make_engines(parsed, readonly=True)
     try:
         with engine.connect() as conn:
@@ -120,9 +118,7 @@ def database_revision(url: str) -> str | None:
 def upgrade_database(url: str) -> str | None:
     """`k2bench db upgrade`: create or upgrade the database at url (PostgreSQL too); returns the old revision."""
     parsed = db.parse_url(url)
-    path = db.sqlite_path(parsed)
-    if path is not None and not path.exists():
-        raise UserError(f"no k2bench database at {path} (a sweep or `k2bench import` creates one)")
+    db.require_existing(parsed)
     _, engine = db.make_engines(parsed, readonly=False)
     try:
         return migrate(engine, explicit=True)
