@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from k2bench.engine.runtime.sequence import Sequence
 
@@ -40,7 +40,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self._ref = [0] * num_blocks  # sequences holding each block
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front = next handed out
+        self._empty: deque[int] = deque(range(num_blocks))  # free blocks holding nothing cached: handed out first
+        self._idle: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently released first
         self._block_of: dict[bytes, int] = {}  # key -> the cached block holding it
         self._key_of: dict[int, bytes] = {}  # cached block -> its key
         self.num_evicted = 0  # cached blocks handed out for other content
@@ -48,7 +49,7 @@ class BlockManager:
     @property
     def num_free(self) -> int:
         """Blocks no sequence holds (cached ones included: they are handed out when needed)."""
-        return len(self._free)
+        return len(self._empty) + len(self._idle)
 
     @property
     def num_cached(self) -> int:
@@ -57,20 +58,20 @@ class BlockManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks held by sequences (the /metrics KV usage gauge)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free / self.num_blocks
 
     def extra_blocks(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks `seq` still needs so that its first `num_tokens` tokens have slots."""
         return max(0, blocks_for(num_tokens, self.block_size) - len(seq.block_table))
 
     def can_fit(self, seq: Sequence, num_tokens: int, reserve: int = 0) -> bool:
-        return self.extra_blocks(seq, num_tokens) + reserve <= len(self._free)
+        return self.extra_blocks(seq, num_tokens) + reserve <= self.num_free
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Give `seq` slots for its first `num_tokens` tokens (raises if there are not enough blocks)."""
         need = self.extra_blocks(seq, num_tokens)
-        if need > len(self._free):
-            raise RuntimeError(f"out of KV blocks: need {need}, {len(self._free)} free")
+        if need > self.num_free:
+            raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free} free")
         seq.block_table.extend(self._take() for _ in range(need))
 
     def allocate(self, seq: Sequence, reserve: int = 0) -> int | None:
@@ -85,12 +86,12 @@ class BlockManager:
             raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
         hits = self._lookup(seq) if self.enable_caching else []
         need = blocks_for(seq.num_tokens, self.block_size) - len(hits)
-        idle_hits = sum(1 for b in hits if self._ref[b] == 0)  # they leave the free queue too
-        if need + idle_hits + reserve > len(self._free):
+        idle_hits = sum(1 for b in hits if self._ref[b] == 0)  # they leave the free pool too
+        if need + idle_hits + reserve > self.num_free:
             return None
         for b in hits:
             if self._ref[b] == 0:
-                del self._free[b]
+                del self._idle[b]
             self._ref[b] += 1
         seq.block_table = hits + [self._take() for _ in range(need)]
         seq.num_committed_blocks = len(hits)
@@ -117,21 +118,24 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks. The last block of a chain goes first into the free queue, so that
         eviction takes a prefix's tail before its head (a head without its tail is still useful)."""
+        ref, cached = self._ref, self._key_of
         for b in reversed(seq.block_table):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                self._free[b] = None
-                if b not in self._key_of:  # nothing worth keeping: hand it out before cached blocks
-                    self._free.move_to_end(b, last=False)
+            ref[b] -= 1
+            if ref[b] == 0:
+                if b in cached:
+                    self._idle[b] = None
+                else:  # nothing worth keeping: handed out before any cached block
+                    self._empty.append(b)
         seq.block_table = []
         seq.num_committed_blocks = 0
 
     # ---- internals ----------------------------------------------------------------------------
     def _take(self) -> int:
-        b, _ = self._free.popitem(last=False)
-        key = self._key_of.pop(b, None)
-        if key is not None:  # evict the least recently released cached block
-            del self._block_of[key]
+        if self._empty:
+            b = self._empty.popleft()
+        else:  # evict the least recently released cached block
+            b, _ = self._idle.popitem(last=False)
+            del self._block_of[self._key_of.pop(b)]
             self.num_evicted += 1
         self._ref[b] = 1
         return b
