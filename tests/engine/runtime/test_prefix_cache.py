@@ -225,3 +225,13 @@ def test_caching_off_counts_queries_and_no_hits():
     eng.generate(seqs[1:])
     assert eng.stats.prompt_tokens == 2 * len(p) and eng.stats.prefix_cache_hits == 0
     assert [s.num_cached_tokens for s in seqs] == [0, 0]
+
+
+def test_the_serve_flag_reaches_the_runtime_config_and_the_default_is_off():
+    from k2bench.harness.cli import build_parser
+
+    assert RuntimeConfig().enable_prefix_caching is False
+    parse = build_parser().parse_args
+    assert parse(["serve", "--model", "m", "--enable-prefix-caching"]).enable_prefix_caching is True
+    assert parse(["serve", "--model", "m", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parse(["serve", "--model", "m"]).enable_prefix_caching is None  # the config's default
