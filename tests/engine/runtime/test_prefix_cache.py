@@ -53,6 +53,18 @@ def computed(bm: BlockManager, seq: Sequence) -> None:
     bm.commit(seq)
 
 
+def consistent(bm: BlockManager) -> bool:
+    """Every key names one cached block and back; a free block is held by nobody and sits in the pool
+    its content says (cached or not); no block is both free and held."""
+    assert all(bm._key_of[b] == k for k, b in bm._block_of.items()) and len(bm._key_of) == len(bm._block_of)
+    assert all(b in bm._key_of and bm._ref[b] == 0 for b in bm._idle)
+    assert all(b not in bm._key_of and bm._ref[b] == 0 for b in bm._empty)
+    free = set(bm._idle) | set(bm._empty)
+    assert len(free) == bm.num_free
+    assert all((bm._ref[b] == 0) == (b in free) for b in range(bm.num_blocks))
+    return True
+
+
 # ---- the block manager alone -------------------------------------------------------------------
 def test_a_block_is_found_only_under_the_same_whole_prefix():
     bm = BlockManager(16, 4, enable_caching=True)
@@ -172,10 +184,11 @@ def test_cached_prefixes_give_the_reference_tokens_and_the_counts_the_prompts_im
     assert eng.scheduler.blocks.num_free == 200
 
 
-@pytest.mark.parametrize("num_blocks,budget", [(24, 16), (40, 7), (60, 64)])
-def test_fuzz_many_sessions_in_a_small_cache(num_blocks, budget):
-    """Conversations that resend their history, over a cache too small to keep it all: eviction and
-    preemption happen, every output is the reference, and every block comes back."""
+@pytest.mark.parametrize("num_blocks,budget,preempts", [(28, 16, True), (26, 7, False), (40, 64, True)])
+def test_fuzz_many_sessions_in_a_small_cache(num_blocks, budget, preempts):
+    """Conversations that resend their history, over a cache too small to keep it all: eviction happens
+    (and preemption, where the budget lets enough sequences run at once), every output is the reference,
+    the bookkeeping stays consistent after every step, and every block comes back."""
     bs = 4
     eng, _ = build(num_blocks, bs, budget, caching=True, max_num_seqs=6)
     rng = random.Random(num_blocks)
@@ -186,19 +199,24 @@ def test_fuzz_many_sessions_in_a_small_cache(num_blocks, budget):
         batch = []
         for h in histories:
             h.extend(rng.randrange(1, 100) for _ in range(rng.randrange(1, 9)))
-            batch.append((h, greedy(h, rng.randrange(1, 6))))
+            batch.append((h, greedy(h, rng.randrange(1, 11))))
         rng.shuffle(batch)
-        eng.generate([s for _, s in batch])
+        for _, s in batch:
+            eng.add(s)
+        while eng.has_work:
+            eng.step()
+            assert consistent(eng.scheduler.blocks)
         for h, s in batch:
             assert s.output_token_ids == expected(h, s.params.max_tokens)
             h.extend(s.output_token_ids)  # the next turn resends the answer
             checked += 1
         bm = eng.scheduler.blocks
         assert bm.num_free == num_blocks and bm.usage == 0.0
-        assert all(r == 0 for r in bm._ref)
+        assert consistent(bm)
     assert checked == 40
     assert eng.stats.prefix_cache_hits > 0
     assert eng.scheduler.blocks.num_evicted > 0
+    assert (eng.scheduler.num_preemptions > 0) == preempts
 
 
 def test_outputs_with_caching_on_and_off_are_identical_under_preemption():
