@@ -64,7 +64,9 @@ class Point(Base):
         Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
         *schema_columns(schema.POINT),
         Column("created_at", DateTime),
-        UniqueConstraint("run_id", "concurrency", "trial", name="uq_points_level"),
+        # one level per kind: (mode, rate) tell a rate level from a closed one of the same concurrency; rate is
+        # null for closed levels, so their uniqueness is checked by Store.add_point
+        UniqueConstraint("run_id", "mode", "rate", "concurrency", "trial", name="uq_points_level"),
     )
 
 
