@@ -105,6 +105,8 @@ class ChangePoint(Base):
     fingerprint: Mapped[str] = mapped_column(String(64))
     branch: Mapped[str] = mapped_column(String(255))
     metric: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str | None] = mapped_column(String(16))  # the level's kind (schema.Point.mode); null: closed
+    rate: Mapped[float | None] = mapped_column(Float)
     concurrency: Mapped[int] = mapped_column(Integer)
     run_id: Mapped[int | None] = mapped_column(Integer)
     commit: Mapped[str | None] = mapped_column(String(64))

@@ -213,14 +213,15 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
 
     def replace_change_points(self, fingerprint: str, branch: str, rows: list[dict]) -> None:
         """Replace every stored change point of one (fingerprint, branch) series at once."""
-        allowed = {"metric", "concurrency", "run_id", "commit", "detected_at", "mean_before", "mean_after",
-                   "rel_change", "p_value"}
+        allowed = {"metric", "mode", "rate", "concurrency", "run_id", "commit", "detected_at", "mean_before",
+                   "mean_after", "rel_change", "p_value"}
         clean = []
         for i, r in enumerate(rows):
             unknown = set(r) - allowed
             if unknown:
                 raise UserError(f"change point {i}: unknown field {sorted(unknown)[0]!r}")
             row = {k: r.get(k) for k in allowed}
+            row["mode"] = row["mode"] or "closed"  # rows from before rate levels are closed-loop levels
             det = row["detected_at"]
             if isinstance(det, str):
                 row["detected_at"] = _to_db_time(det)
