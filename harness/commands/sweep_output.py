@@ -100,7 +100,8 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
         table_console().print(points_table(result.points, title))
     for p in result.points:
         if not p["valid"]:
-            where = level_label(p.get("mode"), p.get("rate"), p["concurrency"])
+            where = (f"conc {p['concurrency']}" if p.get("mode", "closed") == "closed"
+                     else level_label(p.get("mode"), p.get("rate"), p["concurrency"]))
             err.print(f"level {where} is invalid (kept, left out of frontiers and the gate): "
                       f"{secrets.scrub(str(p['invalid_reason']))}", style="yellow", highlight=False, markup=False)
     bad = sum(p["failed"] for p in result.points)
