@@ -23,12 +23,13 @@ import aiohttp
 import numpy as np
 
 from k2bench.errors import ServerError
-from k2bench.harness.load.level_watch import ERRORS_KEPT, LevelWatch
+from k2bench.harness.load.level_watch import ERRORS_KEPT, STOP_POLL_S, LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, make_session, request_body, stream_one
 from k2bench.harness.load.records import RequestRecord
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
+STOP_POLL_NS = int(STOP_POLL_S * 1e9)
 START_LEAD_NS = 5_000_000  # the schedule starts 5 ms after the dispatcher does, so request 0 is not late by setup
 
 
@@ -76,6 +77,9 @@ async def send_on_schedule(session: aiohttp.ClientSession, url: str, work: Seque
         intended = start + int(round(offset * 1e9))
         rec.intended_ns, rec.queue_ns = intended, 0
         wait = intended - now()
+        while wait > STOP_POLL_NS and watch.stopped is None:  # a long gap: still see a stop within STOP_POLL_S
+            await asyncio.sleep((wait - STOP_POLL_NS) / 1e9 if wait < 2 * STOP_POLL_NS else STOP_POLL_S)
+            wait = intended - now()
         if wait > 0:
             await asyncio.sleep(wait / 1e9)
         if slots is not None:

@@ -78,3 +78,21 @@ def test_the_cap_holds_requests_in_the_client_queue_and_records_the_wait(tmp_pat
     assert records[2].send_ns / 1e9 >= first_pair_done - 0.005  # released by a finish, not before it
     lags = openloop.send_lags_ns(records)
     assert len(lags) == 10 and max(lags) < min(r.queue_ns for r in records[2:])  # lag excludes the queue
+
+
+def test_a_stop_during_a_long_gap_ends_the_level_without_waiting_for_the_next_send(tmp_path) -> None:
+    """The level's time limit passes while the next request is 60 s away: the level ends long before
+    that, and the request never sent is not returned."""
+    import time
+
+    from k2bench.harness.load.level_watch import LevelWatch
+
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "1") as url:
+        spec = LevelSpec(base_url=url, model="k2bench-test", concurrency=2, num_prompts=2, num_warmup=0,
+                         timeout_s=60)
+        watch = LevelWatch(timeout_s=0.5)
+        t0 = time.monotonic()
+        records = asyncio.run(openloop.run_rate_level(spec, prompts(2), [0.0, 60.0], 1 / 60, 0, watch=watch))
+        elapsed = time.monotonic() - t0
+    assert watch.stopped is not None and [r.index for r in records] == [0]
+    assert elapsed < 30  # a generous bound: without the stop it would have waited the whole 60 s gap
