@@ -5,7 +5,10 @@ scrape at its start and one at its end; gauges (KV-cache usage, running and wait
 are also scraped once a second in between and summarised as mean and max. Names stay as the
 server exposes them (``vllm:prompt_tokens_total``, ``k2bench_prompt_tokens_total``), with labels
 written Prometheus-style. Histograms and summaries contribute their ``_count`` and ``_sum``
-(deltas); buckets and quantiles are left out. A server without /metrics is noted once, not an error.
+(deltas); a histogram's buckets are kept as the window's bucket deltas (``histograms``, see
+k2bench.harness.telemetry.histograms), from which the server-side time split is read; a summary's
+quantiles are left out (they cannot be taken over a window). A server without /metrics is noted
+once, not an error.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from k2bench.harness.telemetry import histograms
 from k2bench.net import normalize_base_url
 
 DEFAULT_HZ = 1.0
-Scrape = dict[str, tuple[str, float]]  # sample key -> ("counter" | "gauge", value)
+Scrape = dict[str, tuple[str, float]]  # sample key -> ("counter" | "gauge" | "bucket", value)
 
 
 class ScrapeError(Exception):
@@ -40,7 +44,8 @@ def sample_key(name: str, labels: dict[str, str]) -> str:
 
 
 def parse(text: str) -> Scrape:
-    """Prometheus text exposition -> {sample key: (kind, value)}; counters include histogram counts/sums."""
+    """Prometheus text exposition -> {sample key: (kind, value)}; counters include histogram counts/sums,
+    and each histogram bucket is kept under `histograms.bucket_key` with kind "bucket"."""
     out: Scrape = {}
     try:
         families = list(text_string_to_metric_families(text))
@@ -52,6 +57,11 @@ def parse(text: str) -> Scrape:
                 continue  # a creation timestamp, not a quantity
             if fam.type == "counter":
                 kind = "counter"
+            elif fam.type == "histogram" and s.name.endswith("_bucket") and "le" in s.labels:
+                labels = {k: v for k, v in s.labels.items() if k != "le"}
+                key = histograms.bucket_key(sample_key(fam.name, labels), s.labels["le"])
+                out[key] = ("bucket", float(s.value))
+                continue
             elif fam.type in ("histogram", "gaugehistogram", "summary"):
                 if not s.name.endswith(("_count", "_sum")) or fam.type == "gaugehistogram":
                     continue
@@ -78,8 +88,9 @@ def scrape(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> Scra
 
 
 def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[float] | None = None) -> dict:
-    """Counters as deltas over the window; gauges as mean and max over every scrape that had them,
-    and, given the scrapes' times, each gauge's series (the run page's KV-usage and queue timelines)."""
+    """Counters and histogram buckets as deltas over the window; gauges as mean and max over every
+    scrape that had them, and, given the scrapes' times, each gauge's series (the run page's KV-usage
+    and queue timelines)."""
     counters: dict[str, float] = {}
     reset: list[str] = []
     for key, (kind, end) in sorted(last.items()):
@@ -97,6 +108,10 @@ def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[flo
                 series.setdefault(key, []).append(value)
     gauges = {k: {"mean": _clean(sum(v) / len(v)), "max": _clean(max(v))} for k, v in sorted(series.items())}
     out: dict = {"counters": counters, "gauges": gauges, "scrapes": 2 + len(middle)}
+    hists, broken = histograms.deltas(first, last)
+    if hists:
+        out["histograms"] = {k: d.to_json() for k, d in hists.items()}
+    reset += broken
     if times is not None and len(times) == out["scrapes"]:
         scrapes = (first, *middle, last)
         out["raw"] = {"t_s": [round(t - times[0], 3) for t in times],
