@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 STAT_KEYS = ("mean", "median", "std", "p90", "p99", "p99.9")
 INTERACTIVITY_KEYS = ("median", "p90", "p99")
+# the server-side time split (k2bench.harness.telemetry.server_split): its phases and their statistics
+SERVER_PHASES = ("queue", "prefill", "decode", "inference")
+SPLIT_KEYS = ("mean", "median", "p99")
 
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
@@ -152,6 +155,20 @@ def _catalogue() -> tuple[Metric, ...]:
                decimals=3, sample="inv_output_rate"),
         Metric("pct_roofline", "Share of the roofline (% of its tok/s/GPU)", "% roofline", "%", True, decimals=1,
                table=True),
+    ]
+    # what the server itself timed (its histograms over the measured window): beside the client's TTFT,
+    # not judged (the client's figures are); p50/p99 are off by at most a histogram bucket's width
+    out.append(Metric("server_ttft_ms", "Server TTFT: queue + prefill, means (ms)", "server TTFT", "ms", False))
+    for phase in SERVER_PHASES:
+        for key in SPLIT_KEYS:
+            out.append(Metric(stat_column(f"server_{phase}_ms", key), f"Server {phase} time {key} (ms)",
+                              f"server {phase} {_stat_label(key)}", "ms", False))
+    # speculative decoding: per level from the server's counters; a drop in acceptance is a regression
+    out += [
+        Metric("spec_accept_len", "Acceptance length (tokens per verification step)", "accept len", "tok/step",
+               True, decimals=2, gate=True),
+        Metric("spec_accept_rate", "Draft acceptance rate (accepted / drafted tokens)", "draft accept", "ratio",
+               True, decimals=3, gate=True),
     ]
     return tuple(out)
 

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,8 +33,48 @@ class ScrapeError(Exception):
     pass
 
 
-def metrics_url(base_url: str) -> str:
-    return normalize_base_url(base_url) + "/metrics"
+def metrics_url(url: str) -> str:
+    """The /metrics address of a server root (``http://h:p``, ``.../v1``), or ``url`` itself when it
+    already names the endpoint (``http://h:p/metrics``, a --metrics-url)."""
+    root = normalize_base_url(url)
+    return root if root.endswith("/metrics") else root + "/metrics"
+
+
+def instance_of(url: str) -> str:
+    """What Prometheus calls a target: host:port (a URL without a port keeps its scheme's default)."""
+    parts = urlsplit(normalize_base_url(url))
+    return parts.netloc or url
+
+
+def with_label(key: str, name: str, value: str) -> str:
+    """A sample key with one more label (a key without labels gets its first)."""
+    if key.endswith("}"):
+        return f'{key[:-1]},{name}="{value}"}}'
+    return f'{key}{{{name}="{value}"}}'
+
+
+def merge(windows: dict[str, dict]) -> dict:
+    """Several servers' windows (``--metrics-url`` given more than once: the prefill and decode workers
+    of one disaggregated server) as one, each sample labelled with its server's ``instance``. The gauge
+    timelines (``raw``) are the first server's, unlabelled, so the run page draws them as for one."""
+    if len(windows) == 1:
+        return next(iter(windows.values()))
+    out: dict = {"counters": {}, "gauges": {}, "histograms": {}, "instances": list(windows)}
+    notes = []
+    for instance, w in windows.items():
+        for part in ("counters", "gauges", "histograms"):
+            out[part].update({with_label(k, "instance", instance): v for k, v in (w.get(part) or {}).items()})
+        if w.get("note"):
+            notes.append(f"{instance}: {w['note']}")
+    out["scrapes"] = min(w.get("scrapes", 0) for w in windows.values())
+    first = next(iter(windows.values()))
+    if "raw" in first:
+        out["raw"] = first["raw"]
+    if notes:
+        out["note"] = "; ".join(notes)
+    if not out["histograms"]:
+        del out["histograms"]
+    return out
 
 
 def sample_key(name: str, labels: dict[str, str]) -> str:
@@ -124,9 +165,9 @@ def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[flo
 class ServerMetricsWindow:
     """Scrapes at begin(), once a second in a thread, and at end(); one instance per sweep."""
 
-    def __init__(self, base_url: str, hz: float = DEFAULT_HZ, api_key: str | None = None,
+    def __init__(self, url: str, hz: float = DEFAULT_HZ, api_key: str | None = None,
                  scrape_fn: Callable[[str], Scrape] | None = None):
-        self.url = metrics_url(base_url)
+        self.url = metrics_url(url)
         self.period = 1.0 / hz
         self._scrape = scrape_fn or (lambda url: scrape(url, api_key=api_key))
         self.note: str | None = None  # set once when the server has no usable /metrics
