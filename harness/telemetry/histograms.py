@@ -32,7 +32,14 @@ class Delta:
         return self.cum[-1]
 
     def to_json(self) -> dict:
-        return {"le": list(self.le), "cum": [_num(c) for c in self.cum], "sum": round(self.sum, 9)}
+        """Stored trimmed to the buckets that hold observations, with the bound just below them (so
+        every quantile reads the same from the stored form); the last count stays the total."""
+        finite = self.cum[:-1]
+        start = next((i for i, c in enumerate(finite) if c > 0), len(finite))
+        start = max(start - 1, 0)
+        stop = next((i + 1 for i, c in enumerate(finite) if c >= self.count), len(finite))
+        return {"le": list(self.le[start:stop]), "cum": [_num(c) for c in (*finite[start:stop], self.count)],
+                "sum": round(self.sum, 9)}
 
     @classmethod
     def from_json(cls, doc: dict) -> Delta:

@@ -107,3 +107,16 @@ def test_series_of_one_family_are_pooled_and_instances_add():
     q = server_split.phase_split(two)["queue"]
     # each request passed both workers: 0.5 s + 1.5 s on average
     assert q["mean_ms"] == pytest.approx(2000.0) and q["median_ms"] == pytest.approx(500.0 + 1500.0)
+
+
+def test_stored_form_is_trimmed_and_reads_the_same():
+    d = histograms.Delta(le=(0.1, 0.2, 0.4, 0.8, 1.6), cum=(0, 0, 3, 5, 5, 5), sum=1.5)
+    doc = d.to_json()
+    assert doc["le"] == [0.2, 0.4, 0.8] and doc["cum"] == [0, 3, 5, 5]  # the bound below, and up to the total
+    back = histograms.Delta.from_json(doc)
+    for q in (0.01, 0.5, 0.6, 0.99, 1.0):
+        assert histograms.quantile(back, q) == pytest.approx(histograms.quantile(d, q))
+    empty = histograms.Delta(le=(0.1, 0.2), cum=(0, 0, 0), sum=0.0)
+    assert histograms.quantile(histograms.Delta.from_json(empty.to_json()), 0.5) is None
+    spill = histograms.Delta(le=(0.1, 0.2), cum=(0, 1, 3), sum=1.0)  # two in +Inf
+    assert histograms.quantile(histograms.Delta.from_json(spill.to_json()), 0.99) == (0.2, 0.2, math.inf)
