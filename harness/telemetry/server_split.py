@@ -69,17 +69,17 @@ def phase_split(server_metrics: dict | None) -> dict | None:
         for key, doc in hists.items():
             if _name(key) == family:
                 by_instance.setdefault(_instance(key), []).append(Delta.from_json(doc))
-        parts = [_figures(pool(ds)) for _, ds in sorted(by_instance.items(), key=lambda kv: kv[0] or "")]
-        if any(p is None for p in parts):
-            out.setdefault("notes", []).append(f"{family}: series with different buckets or no observations")
+        pooled = [pool(ds) for _, ds in sorted(by_instance.items(), key=lambda kv: kv[0] or "")]
+        if any(d is None for d in pooled):
+            out.setdefault("notes", []).append(f"{family}: series of one server with different buckets")
             continue
-        out[phase] = _add(parts) | {"family": family}
+        parts = [_figures(d) for d in pooled if d.count > 0]  # a server that saw none of the requests adds nothing
+        if parts:
+            out[phase] = _add(parts) | {"family": family}
     return out or None
 
 
-def _figures(d: Delta | None) -> dict | None:
-    if d is None or d.count <= 0:
-        return None
+def _figures(d: Delta) -> dict:
     fig: dict = {"count": int(d.count), "mean_ms": d.sum / d.count * 1e3}
     for stat, q in QUANTILES.items():
         value, low, high = quantile(d, q)

@@ -48,3 +48,38 @@ def test_stored_split_matches_the_servers_streams(tmp_path):
     gap = point["ttft_ms"]["mean"] - point["server_ttft_ms"]
     assert 0 < gap < 0.5 * point["server_ttft_ms"], gap
     assert point["spec_accept_len"] is None and point["spec_accept_rate"] is None  # it does not speculate
+
+
+def test_several_metrics_urls_are_scraped_and_labelled_by_instance(tmp_path):
+    """Two servers' /metrics (as a disaggregated server's workers): one serves the requests, the other
+    sees none. Every sample carries its instance; the idle one adds nothing to the split."""
+    db, out = f"sqlite:///{tmp_path}/k.db", tmp_path / "run.json"
+    args = ["--queue-ms=20", "--ttft-ms=30", "--itl-ms=2", "--metrics"]
+    with launch.from_recipe("testserver", model="k2bench-test", log_dir=tmp_path / "a", extra_args=args) as busy, \
+            launch.from_recipe("testserver", model="k2bench-test", log_dir=tmp_path / "b", extra_args=args) as idle:
+        urls = [f"{busy.base_url}/metrics", idle.base_url]  # the endpoint itself, or a server root
+        code = main(["sweep", "--url", busy.base_url, "--isl", "16", "--osl", str(OSL), "--conc", "2",
+                     "--num-prompts", str(MEASURED), "--warmup", str(WARMUP), "--db", db, "--json", str(out),
+                     *(f"--metrics-url={u}" for u in urls)])
+        assert code == 0
+        truth = _truth(busy.base_url)
+    (point,) = json.loads(out.read_text())["points"]
+    sm = point["server_metrics"]
+    instances = [u.split("//", 1)[1].split("/", 1)[0] for u in urls]
+    assert sm["instances"] == instances
+    counts = {k: v for k, v in sm["counters"].items() if k.startswith("vllm:request_queue_time_seconds_count")}
+    assert counts == {f'vllm:request_queue_time_seconds_count{{instance="{instances[0]}"}}': MEASURED,
+                      f'vllm:request_queue_time_seconds_count{{instance="{instances[1]}"}}': 0}
+    assert point["server_queue_ms"]["median"] == pytest.approx(statistics.median(truth["queue"]), rel=0.05)
+    assert point["server_ttft_ms"] == pytest.approx(statistics.fmean(truth["ttft"]), rel=0.05)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--metrics-url", "ftp://host/metrics"], "expected an http(s) URL"),
+    (["--metrics-url", "http://host:port/metrics"], "port is not a number"),
+    (["--metrics-url", "http://127.0.0.1:9/metrics", "--no-telemetry"], "give one of them"),
+])
+def test_bad_metrics_urls_are_one_line_errors(tmp_path, capsys, extra, message):
+    code = main(["sweep", "--url", "http://127.0.0.1:9", "--conc", "1", "--db", f"sqlite:///{tmp_path}/k.db", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
