@@ -28,7 +28,7 @@ def _truth(base_url: str) -> dict[str, list[float]]:
             "ttft": [(s["first_sent"] - s["arrived"]) * ms for s in streams]}
 
 
-def test_stored_split_matches_the_servers_streams(tmp_path):
+def test_stored_split_matches_the_servers_streams(tmp_path, capsys, monkeypatch):
     db, out = f"sqlite:///{tmp_path}/k.db", tmp_path / "run.json"
     with launch.from_recipe("testserver", model="k2bench-test", log_dir=tmp_path,
                             extra_args=["--queue-ms=30", "--ttft-ms=50", "--itl-ms=5", "--metrics"]) as server:
@@ -48,6 +48,17 @@ def test_stored_split_matches_the_servers_streams(tmp_path):
     gap = point["ttft_ms"]["mean"] - point["server_ttft_ms"]
     assert 0 < gap < 0.5 * point["server_ttft_ms"], gap
     assert point["spec_accept_len"] is None and point["spec_accept_rate"] is None  # it does not speculate
+
+    # `show` prints the split beside the client's TTFT: client mean, server TTFT, their gap
+    monkeypatch.setenv("COLUMNS", "300")
+    capsys.readouterr()
+    assert main(["show", "--db", db, "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("At the server"))
+    row = next(line for line in lines[start:] if line.startswith("│"))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert cells[:4] == ["4", f"{point['ttft_ms']['mean']:.1f}", f"{point['server_ttft_ms']:.1f}",
+                         f"{point['ttft_ms']['mean'] - point['server_ttft_ms']:.1f}"]
 
 
 def test_several_metrics_urls_are_scraped_and_labelled_by_instance(tmp_path):
