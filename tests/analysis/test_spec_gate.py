@@ -60,3 +60,22 @@ def test_acceptance_within_its_noise_passes(tmp_path, capsys):
     code, doc = _regress(url, cand, capsys)
     assert code == 0 and doc["overall"] == "unchanged"
     assert set(_spec(doc).values()) == {"unchanged"}
+
+
+def test_the_nightly_scan_finds_a_step_in_acceptance_length():
+    """60 runs of the 'step60' history with acceptance length 2.8 (1% noise) until the commit after run 50,
+    then 2.2: the default change-point scan (the gated metrics) names that commit at every level."""
+    from analysis_data import frame
+
+    from k2bench.harness.analysis import changepoints as cp
+
+    fx = load_fixture("step60")
+    rng = np.random.default_rng(60)
+    points = frame(fx["runs"])  # runs numbered from 1 in fixture order
+    step = points["run_id"] > 50
+    points["spec_accept_len"] = np.where(step, 2.2, 2.8) * (1 + 0.01 * rng.standard_normal(len(points)))
+    assert "spec_accept_len" in cp.default_metrics()
+    rows = [r for r in cp.history_change_points(points) if r["metric"] == "spec_accept_len"]
+    assert {r["concurrency"] for r in rows} == {4, 8, 16, 32, 64}
+    assert {r["commit"] for r in rows} == {fx["runs"][50]["run"]["commit"]}
+    assert all(r["rel_change"] == pytest.approx(2.2 / 2.8 - 1, abs=0.03) for r in rows)
