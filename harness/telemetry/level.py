@@ -62,9 +62,12 @@ class LevelTelemetry:
             self.sampler = power.GpuSampler(source, hz=cfg.gpu_hz)
             self.say(f"GPU telemetry: {source.vendor} {', '.join(f'{i} ({n})' for i, n in zip(source.ids, source.names, strict=True))}")
         urls = cfg.metrics_urls or (base_url,)
-        # one window per server scraped, named by its instance (host:port) when there are several
-        self.metrics = ({scrape.instance_of(u): scrape.ServerMetricsWindow(u, hz=cfg.metrics_hz, api_key=api_key)
-                         for u in urls} if cfg.server_metrics else {})
+        # one window per server scraped, named by its instance (host:port; the whole URL where two share one)
+        names = [scrape.instance_of(u) for u in urls]
+        if len(set(names)) < len(names):
+            names = list(urls)
+        self.metrics = ({name: scrape.ServerMetricsWindow(u, hz=cfg.metrics_hz, api_key=api_key)
+                         for name, u in zip(names, urls, strict=True)} if cfg.server_metrics else {})
         if not cfg.server_metrics:
             self._note("server_metrics", "server metrics off: --no-telemetry")
         for instance, window in self.metrics.items():

@@ -120,3 +120,14 @@ def test_stored_form_is_trimmed_and_reads_the_same():
     assert histograms.quantile(histograms.Delta.from_json(empty.to_json()), 0.5) is None
     spill = histograms.Delta(le=(0.1, 0.2), cum=(0, 1, 3), sum=1.0)  # two in +Inf
     assert histograms.quantile(histograms.Delta.from_json(spill.to_json()), 0.99) == (0.2, 0.2, math.inf)
+
+
+def test_two_endpoints_on_one_host_and_port_keep_both_windows():
+    from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
+
+    urls = ("http://127.0.0.1:9/a/metrics", "http://127.0.0.1:9/b/metrics")
+    tel = LevelTelemetry(TelemetryConfig(gpu=False, metrics_urls=urls), base_url="http://127.0.0.1:9",
+                         server_env={}, hardware=None)
+    assert list(tel.metrics) == list(urls)  # not one window under "127.0.0.1:9"
+    assert set(tel.run_meta()["notes"]) >= {f"server_metrics:{u}" for u in urls}  # neither answers: one note each
+    tel.close()
