@@ -131,3 +131,18 @@ def test_two_endpoints_on_one_host_and_port_keep_both_windows():
     assert list(tel.metrics) == list(urls)  # not one window under "127.0.0.1:9"
     assert set(tel.run_meta()["notes"]) >= {f"server_metrics:{u}" for u in urls}  # neither answers: one note each
     tel.close()
+
+
+def test_merged_windows_label_every_sample_and_split_by_instance():
+    """The fixture's window as a prefill worker's and a decode worker's (the same numbers on both): every
+    key gains its instance label after its own labels, and each phase is the two workers' sum."""
+    one = window()
+    merged = sm.merge({"10.0.0.1:8100": one, "10.0.0.2:8200": one})
+    assert merged["instances"] == ["10.0.0.1:8100", "10.0.0.2:8200"]
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="kimi",instance="10.0.0.2:8200"}' in merged["counters"]
+    assert sm.with_label("x_total", "instance", "h:1") == 'x_total{instance="h:1"}'
+    split = server_split.phase_split(merged)
+    assert split["queue"]["mean_ms"] == pytest.approx(2 * 360.0) and split["queue"]["count"] == 10
+    assert split["prefill"]["median_bucket_ms"] == pytest.approx([2 * 500.0, 2 * 800.0])
+    # counters add over workers: the speculation figures of two equal workers are those of one
+    assert server_split.speculation(merged)["accept_len"] == pytest.approx(2.8)
