@@ -13,7 +13,10 @@ With ``--queue-ms Q`` each request first waits Q ms as if queued, then its TTFT 
 (the first token leaves Q + ttft_ms + prefill after arrival). With ``--metrics`` it serves /metrics
 with vLLM's per-request phase histograms (queue, prefill, decode, inference), observed from its own
 stamps just before each stream's usage and [DONE] go out, in buckets 2% wide, so a histogram read of
-them can be checked against the streams' records (``/stats?streams=1``).
+them can be checked against the streams' records (``/stats?streams=1``). ``--spec-tokens K
+--spec-accept-len L`` adds vLLM's spec_decode counters as a speculating server would count a stream of
+n tokens: its n - 1 tokens after the first in ceil((n - 1) / L) steps (drafts) of K draft tokens each,
+every step's last token the target model's own (accepted = n - 1 - drafts).
 
 Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import time
@@ -79,6 +83,8 @@ class ServerConfig:
     kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
     queue_ms: float = 0.0  # each request waits this long, as queued, before its TTFT clock starts
     metrics: bool = False  # serve /metrics: vLLM's queue/prefill/decode/inference histograms
+    spec_tokens: int = 0  # with metrics: count vLLM's spec_decode counters as if drafting this many per step
+    spec_accept_len: float = 0.0  # ... with each verification step yielding this many tokens on average
 
 
 class StreamRecord(NamedTuple):
@@ -104,18 +110,26 @@ PHASES = {"queue": "request_queue_time_seconds", "prefill": "request_prefill_tim
 class _PhaseMetrics:
     """vLLM's phase histograms in a registry of this server's own."""
 
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Histogram
+    def __init__(self, spec_tokens: int = 0, spec_accept_len: float = 0.0) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
         self.hists = {phase: Histogram("vllm:" + name, f"{phase} time of a request", buckets=_BUCKETS,
                                        registry=self.registry) for phase, name in PHASES.items()}
+        self.spec_tokens, self.spec_accept_len = spec_tokens, spec_accept_len
+        self.spec = {name: Counter("vllm:spec_decode_" + name, f"speculative decoding: {name}", registry=self.registry)
+                     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")} if spec_tokens else {}
 
     def observe(self, rec: StreamRecord) -> None:
         self.hists["queue"].observe(rec.scheduled - rec.arrived)
         self.hists["prefill"].observe(rec.first_sent - rec.scheduled)
         self.hists["decode"].observe(rec.last_sent - rec.first_sent)
         self.hists["inference"].observe(rec.last_sent - rec.scheduled)
+        if self.spec and rec.tokens > 1:
+            steps = math.ceil((rec.tokens - 1) / self.spec_accept_len)
+            self.spec["num_drafts"].inc(steps)
+            self.spec["num_draft_tokens"].inc(steps * self.spec_tokens)
+            self.spec["num_accepted_tokens"].inc(rec.tokens - 1 - steps)
 
     def render(self) -> web.Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -164,7 +178,7 @@ class TestServer:
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
-        self.phases = _PhaseMetrics() if config.metrics else None
+        self.phases = _PhaseMetrics(config.spec_tokens, config.spec_accept_len) if config.metrics else None
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
@@ -368,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "before its TTFT clock starts")
     p.add_argument("--metrics", action="store_true", help="serve /metrics with vLLM's queue, prefill, decode "
                    "and inference histograms")
+    p.add_argument("--spec-tokens", type=int, default=0, help="with --metrics: count vLLM's spec_decode counters "
+                   "as if drafting K tokens per step")
+    p.add_argument("--spec-accept-len", type=float, default=0.0, help="with --spec-tokens: tokens each "
+                   "verification step yields (1..K+1)")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -379,12 +397,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, queue_ms=args.queue_ms,
-        metrics=args.metrics,
+        metrics=args.metrics, spec_tokens=args.spec_tokens, spec_accept_len=args.spec_accept_len,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.spec_tokens and not 1.0 <= args.spec_accept_len <= args.spec_tokens + 1:
+        parser.error(f"--spec-accept-len must be from 1 to --spec-tokens + 1 ({args.spec_tokens + 1})")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run

@@ -85,6 +85,27 @@ def test_several_metrics_urls_are_scraped_and_labelled_by_instance(tmp_path):
     assert point["server_ttft_ms"] == pytest.approx(statistics.fmean(truth["ttft"]), rel=0.05)
 
 
+def test_acceptance_of_a_speculating_server_is_stored_and_shown(tmp_path, capsys, monkeypatch):
+    """The test server counts vLLM's spec_decode counters as a server drafting 3 tokens per step with 2.8
+    tokens per step would: the stored acceptance is the one its streams imply, from the window alone."""
+    db, out = f"sqlite:///{tmp_path}/k.db", tmp_path / "run.json"
+    osl = 29  # 28 tokens after the first: 10 steps of 2.8 each
+    with launch.from_recipe("testserver", model="k2bench-test", log_dir=tmp_path,
+                            extra_args=["--ttft-ms=5", "--itl-ms=1", "--metrics", "--spec-tokens=3",
+                                        "--spec-accept-len=2.8"]) as server:
+        assert main(["sweep", "--url", server.base_url, "--isl", "16", "--osl", str(osl), "--conc", "2",
+                     "--num-prompts", "6", "--warmup", "2", "--db", db, "--json", str(out)]) == 0
+    (point,) = json.loads(out.read_text())["points"]
+    spec = point["server_metrics"]["speculation"]
+    assert (spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (6 * 10, 6 * 30, 6 * 18)  # measured only
+    assert point["spec_accept_len"] == pytest.approx(2.8) and point["spec_accept_rate"] == pytest.approx(0.6)
+    monkeypatch.setenv("COLUMNS", "300")
+    capsys.readouterr()
+    assert main(["show", "--db", db, "1"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")][-1]
+    assert [c.strip() for c in row.strip("│").split("│")][-2:] == ["2.80", "0.600"]
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--metrics-url", "ftp://host/metrics"], "expected an http(s) URL"),
     (["--metrics-url", "http://host:port/metrics"], "port is not a number"),
@@ -94,3 +115,11 @@ def test_bad_metrics_urls_are_one_line_errors(tmp_path, capsys, extra, message):
     code = main(["sweep", "--url", "http://127.0.0.1:9", "--conc", "1", "--db", f"sqlite:///{tmp_path}/k.db", *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_test_server_refuses_an_impossible_acceptance_length(capsys):
+    from k2bench.harness.load import testserver
+
+    with pytest.raises(SystemExit) as exc:
+        testserver.main(["--port", "1", "--metrics", "--spec-tokens", "3", "--spec-accept-len", "4.5"])
+    assert exc.value.code == 2 and "from 1 to --spec-tokens + 1 (4)" in capsys.readouterr().err
