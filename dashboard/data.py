@@ -9,7 +9,14 @@ import os
 import numpy as np
 import pandas as pd
 
-from k2bench.harness.measure.catalogue import BY_COLUMN, LEVEL_TABLE_FIELDS, TABLE_METRICS, over_trials
+from k2bench.harness.measure.catalogue import (
+    BY_COLUMN,
+    LEVEL_TABLE_FIELDS,
+    SPLIT_TABLE,
+    TABLE_METRICS,
+    TTFT_GAP,
+    over_trials,
+)
 from k2bench.harness.record import schema
 
 DB_ENV = "K2BENCH_DB"
@@ -176,6 +183,17 @@ def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
 def level_table(levels: pd.DataFrame) -> pd.DataFrame:
     """The run page's per-level table (LEVEL_COLUMNS present in ``levels``), by concurrency."""
     return levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
+
+
+def split_table(levels: pd.DataFrame) -> pd.DataFrame | None:
+    """The run page's table of what the server timed (catalogue SPLIT_TABLE), after the client's TTFT mean,
+    the server's (queue + prefill) and their gap; None when no level has any of it."""
+    cols = ["ttft_ms_mean", "server_ttft_ms", *(m.column for m in SPLIT_TABLE)]
+    if not any(c in levels.columns and levels[c].notna().any() for c in cols[1:]):
+        return None
+    out = levels[["concurrency", *(c for c in cols if c in levels.columns)]].sort_values("concurrency").copy()
+    out.insert(3, TTFT_GAP.column, out["ttft_ms_mean"] - out["server_ttft_ms"])
+    return out
 
 
 def latest_run_per_config(df: pd.DataFrame) -> pd.DataFrame:

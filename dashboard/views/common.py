@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS
+from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS, TTFT_GAP
 
-_LEVEL_FIELDS = {f.column: f for f in LEVEL_TABLE_FIELDS}
+_LEVEL_FIELDS = {f.column: f for f in (*LEVEL_TABLE_FIELDS, TTFT_GAP)}
 
 
 def csv_download(df: pd.DataFrame, name: str, key: str) -> None:
