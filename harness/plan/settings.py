@@ -93,6 +93,12 @@ def _price(v: float) -> None:
     check_price(v)
 
 
+def _profile_level(v: str) -> None:
+    from k2bench.harness.telemetry.profile import parse
+
+    parse(v)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One sweep setting. ``kind`` is its type: int, float, str, bool (a switch), "conc" (levels),
@@ -221,6 +227,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("gpu_hour_usd", float, "telemetry", "price of one GPU-hour for $ per million tokens (default: the "
       "shipped table's price for the recorded hardware, if it has one)", check=_via(_price),
       commands=SWEEP_ONLY, metavar="USD", attr="telemetry.gpu_hour_usd", example=2.5),
+    S("profile_level", str, "telemetry", "profile N requests at concurrency C in the server's profiler "
+      "(/start_profile, /stop_profile), as an extra pass after that level's measured requests, so the level's "
+      "figures stay unprofiled; the trace path and the kernel-time summary are kept with the run (default N: C)",
+      check=_via(_profile_level), metavar="C[:N]", example="4:8"),
     S("no_telemetry", bool, "telemetry", "read neither GPU power nor the server's /metrics", default=False,
       commands=SWEEP_ONLY, key=False, store=lambda off: {"telemetry.gpu": not off, "telemetry.server_metrics": not off},
       read=lambda cfg: not (cfg.telemetry.gpu or cfg.telemetry.server_metrics)),

@@ -140,6 +140,8 @@ class Run:
     client: dict | None = col("dict?", JSON(), "the measuring client (k2bench version, host)")
     notes: str | None = col("str?", Text(), "free text")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    profile: dict | None = col("dict?", JSON(), "the profiled pass (--profile-level): concurrency, requests, "
+                               "completed, the server's trace path and kernel-time summary, or why there is none")
 
 
 @dataclass

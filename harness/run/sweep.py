@@ -26,6 +26,7 @@ from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
 from k2bench.harness.servers import launch
+from k2bench.harness.telemetry import profile
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
@@ -70,6 +71,7 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+    profile_level: str | None = None  # C[:N]: profile N requests at concurrency C (an extra pass)
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -99,6 +101,10 @@ class SweepConfig:
     def validate(self) -> None:
         """Every check, in one place: the declaration of the settings (`settings.validate`)."""
         settings.validate(self)
+        if self.profile_level and profile.parse(self.profile_level).concurrency not in self.levels:
+            raise UserError(f"--profile-level {self.profile_level}: concurrency "
+                            f"{profile.parse(self.profile_level).concurrency} is not among the levels "
+                            f"({','.join(map(str, self.levels))})")
 
 
 @dataclass
@@ -270,6 +276,11 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                         stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
                     store.add_point(result.run_id, point, records)
                     result.points.append(point)
+                    if cfg.profile_level and trial == 0 and profile.parse(cfg.profile_level).concurrency == conc:
+                        from k2bench.harness.run.profiled import profiled_pass
+
+                        store.set_profile(result.run_id, profiled_pass(cfg, srv.url, request_model, vocab,
+                                                                       profile.parse(cfg.profile_level), say))
                     if events.level_done:
                         events.level_done(point)
                 if watch.server_down:
