@@ -110,3 +110,27 @@ def report_section(a_run: dict, b_run: dict, a_label: str, b_label: str, top: in
               f"(`k2bench profile-diff {a_run.get('id')} {b_run.get('id')}`):", "",
               markdown(rows, a_label, b_label), ""]
     return "\n".join(lines)
+
+
+def latest_profiled(store, run_ids: list[int]) -> dict | None:
+    """The newest of ``run_ids`` that kept a profile (None: none did)."""
+    runs = [store.get_run(r) for r in sorted(run_ids, reverse=True)]
+    return next((r for r in runs if r.get("profile")), None)
+
+
+def verdict_profiles(store, good_ids: list[int], bad_ids: list[int], good_label: str, bad_label: str,
+                     top: int = 10) -> tuple[str | None, dict | None]:
+    """For a verdict that blamed ``bad_ids`` against ``good_ids``: the markdown section and its JSON
+    (both sides' run and trace, the top rows), or (None, None) when a side kept no profile."""
+    good, bad = latest_profiled(store, good_ids), latest_profiled(store, bad_ids)
+    if good is None or bad is None:
+        return None, None
+    doc: dict = {label: {"run": run["id"], "trace": run["profile"].get("trace")}
+                 for label, run in ((good_label, good), (bad_label, bad))}
+    try:
+        doc["diff"] = [{"name": r.name, "kind": r.kind, f"{good_label}_us_per_step": r.a_us,
+                        f"{bad_label}_us_per_step": r.b_us, "change_us_per_step": r.delta_us}
+                       for r in compare_runs(good, bad, top)]
+    except UserError as exc:
+        doc["diff"], doc["why_no_diff"] = [], str(exc)
+    return report_section(good, bad, good_label, bad_label, top), doc
