@@ -111,6 +111,8 @@ def _bisect(args: argparse.Namespace) -> int:
         print(f"  {step.commit.short}  {step.commit.date}  {args.metric} = {step.value:.4g}  {step.verdict}"
               f"  {step.commit.subject[:60]}")
     print(result.message)
+    if result.profile_section:
+        print(result.profile_section)
     print(f"{result.measured} commit(s) measured by this call")
     if args.bisect_json:
         write_json(result, args.bisect_json)
@@ -137,6 +139,7 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["| metric | conc | last good | first bad | culprit |", "| --- | --- | --- | --- | --- |"]
+    profiles: list[str] = []  # where a culprit's time went, when both sides were profiled
     if not shifts:
         print(f"no stored change point on {args.shifts} to bisect")
     for shift in shifts:
@@ -163,8 +166,11 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
             culprit = result.first_bad.sha if result.first_bad else None
             record(args.db, **where, result=result)
+            if result.profile_section:
+                profiles.append(f"## {md_text(label)}\n\n{result.profile_section}")
         code = partial(md_code, in_table=True)  # commits and metric names come from the store: inert markdown
         lines.append(f"| {md_text(shift.metric)} | {shift.concurrency} | {code(shift.good[:12])} | "
                      f"{code(shift.bad[:12])} | {code(culprit) if culprit else 'not found'} |")
-    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")
+    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n"
+                                     + "".join(f"\n{p}" for p in profiles))
     return 0

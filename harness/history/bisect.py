@@ -50,11 +50,35 @@ class BisectResult:
     steps: list[Step]
     measured: int  # commits measured by this call (reused ones not counted)
     message: str
+    last_good: gitrepo.Commit | None = None  # the first bad commit's parent on the bisected path
+    profiles: dict | None = None  # both sides' profiles and their kernel-time diff (`attach_profiles`)
+    profile_section: str | None = None  # the same as markdown
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "first_bad": self.first_bad.sha if self.first_bad else None,
-                "steps": [{"commit": s.commit.sha, "value": s.value if np.isfinite(s.value) else None,
-                           "verdict": s.verdict} for s in self.steps]}
+        doc = {"schema": SCHEMA, "first_bad": self.first_bad.sha if self.first_bad else None,
+               "steps": [{"commit": s.commit.sha, "value": s.value if np.isfinite(s.value) else None,
+                          "verdict": s.verdict} for s in self.steps]}
+        if self.profiles:
+            doc["profiles"] = self.profiles
+        return doc
+
+    def attach_profiles(self, db: str | None) -> None:
+        """When the last good and the first bad commit were measured with --profile-level: their
+        traces and the kernel-time diff, kept on the result for the report and the JSON."""
+        from k2bench.harness.analysis.profile_diff import verdict_profiles
+        from k2bench.harness.store import Store
+
+        if self.first_bad is None or self.last_good is None:
+            return
+        runs = {s.commit.sha: s.runs for s in self.steps}
+        good, bad = runs.get(self.last_good.sha), runs.get(self.first_bad.sha)
+        if not good or not bad:
+            return
+        with Store.open(db, readonly=True) as store:
+            section, doc = verdict_profiles(store, good, bad, "last good", "first bad")
+        if doc:
+            doc["last good"]["commit"], doc["first bad"]["commit"] = self.last_good.sha, self.first_bad.sha
+        self.profiles, self.profile_section = doc, section
 
 
 class Bisector:
@@ -166,8 +190,10 @@ class Bisector:
             else:
                 lo = mid
         first = path[hi]
-        return BisectResult(first, steps, self._measured(),
-                            f"first bad commit: {first.sha} {first.subject} ({first.date})")
+        result = BisectResult(first, steps, self._measured(),
+                              f"first bad commit: {first.sha} {first.subject} ({first.date})", last_good=path[lo])
+        result.attach_profiles(self.bench.cfg.db)
+        return result
 
     def _measured(self) -> int:
         return len(set(self.bench.measured))
