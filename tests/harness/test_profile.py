@@ -110,3 +110,20 @@ def test_stored_profiles_round_trip_and_diff_on_the_command_line(db_url, tmp_pat
     assert "trace `/t/a.json`" in section and "trace `/t/b.json`" in section
     assert section.index("`engine.sample`") < section.index("`aten::mm`")
     json.dumps(doc)  # the stored profile stays plain JSON
+
+
+@pytest.mark.slow
+def test_a_server_without_a_profiler_keeps_the_sweep_and_says_why(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["sweep", "--engine", "testserver", "--server-args", "--ttft-ms 5 --itl-ms 2", "--isl", "8",
+                 "--osl", "4", "--conc", "1,2", "--num-prompts", "4", "--warmup", "1", "--profile-level", "2:3",
+                 "--db", db])
+    assert code == 0, capsys.readouterr().err
+    with Store.open(db, readonly=True) as store:
+        (run,) = store.list_runs()
+        prof = store.get_run(run["id"])["profile"]
+        frame = store.points_frame(run_ids=[run["id"]])
+        requests = store.load_records(run["id"], concurrency=2, include_warmup=True)
+    assert (prof["concurrency"], prof["requests"], prof["completed"]) == (2, 3, 0)  # nothing sent unprofiled
+    assert "POST /start_profile answered HTTP 404" in prof["error"] and "summary" not in prof
+    assert sorted(frame["concurrency"]) == [1, 2] and len(requests) == 5  # the level's own 4 + 1 warmup
