@@ -121,17 +121,14 @@ def _bisect(args: argparse.Namespace) -> int:
 
 def _bisect_shifts(args: argparse.Namespace) -> int:
     """Every stored shift between non-adjacent commits, bisected with the shifted run's own workload."""
-    from dataclasses import replace
     from functools import partial
     from pathlib import Path
 
-    from k2bench.errors import UserError
     from k2bench.harness.analysis.mdsafe import md_code, md_text
     from k2bench.harness.analysis.regress import RegressConfig
     from k2bench.harness.history.bisect import Bisector, record, write_json
     from k2bench.harness.history.shifts import find_shifts
     from k2bench.harness.store import Store
-    from k2bench.workloads import loader
 
     bench = _bench(args)
     with Store.open(args.db, readonly=True) as store:
@@ -150,14 +147,16 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             culprit = shift.bad
             print(f"{label}: adjacent commits, so the culprit is {culprit}")
             record(args.db, **where, result=None)
+            if bench.cfg.profile_level:  # profile both sides of the confirmed change
+                from k2bench.harness.history.gitrepo import resolve
+
+                one = _one_shift(bench, shift)
+                section, _ = Bisector(one, shift.metric, shift.concurrency).profile_pair(
+                    resolve(bench.repo, shift.good), resolve(bench.repo, shift.bad))
+                if section:
+                    profiles.append(f"## {md_text(label)}\n\n{section}")
         else:
-            run = shift.run
-            try:
-                workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
-            except UserError:  # an ad-hoc workload: its lengths say it all
-                workload = loader.resolve(None, run.get("isl"), run.get("osl"))
-            one = replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
-                                                          tp=run.get("tp") or 1, gpus=run.get("num_gpus")))
+            one = _one_shift(bench, shift)
             print(f"{label}: bisecting {shift.between} commit(s)")
             result = Bisector(one, shift.metric, shift.concurrency,
                               RegressConfig(threshold=args.threshold, alpha=args.alpha),
@@ -174,3 +173,19 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
     (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n"
                                      + "".join(f"\n{p}" for p in profiles))
     return 0
+
+
+def _one_shift(bench, shift):
+    """The bench of one shift: the shifted run's own workload, level and GPUs."""
+    from dataclasses import replace
+
+    from k2bench.errors import UserError
+    from k2bench.workloads import loader
+
+    run = shift.run
+    try:
+        workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
+    except UserError:  # an ad-hoc workload: its lengths say it all
+        workload = loader.resolve(None, run.get("isl"), run.get("osl"))
+    return replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
+                                                   tp=run.get("tp") or 1, gpus=run.get("num_gpus")))

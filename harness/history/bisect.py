@@ -62,24 +62,6 @@ class BisectResult:
             doc["profiles"] = self.profiles
         return doc
 
-    def attach_profiles(self, db: str | None) -> None:
-        """When the last good and the first bad commit were measured with --profile-level: their
-        traces and the kernel-time diff, kept on the result for the report and the JSON."""
-        from k2bench.harness.analysis.profile_diff import verdict_profiles
-        from k2bench.harness.store import Store
-
-        if self.first_bad is None or self.last_good is None:
-            return
-        runs = {s.commit.sha: s.runs for s in self.steps}
-        good, bad = runs.get(self.last_good.sha), runs.get(self.first_bad.sha)
-        if not good or not bad:
-            return
-        with Store.open(db, readonly=True) as store:
-            section, doc = verdict_profiles(store, good, bad, "last good", "first bad")
-        if doc:
-            doc["last good"]["commit"], doc["first bad"]["commit"] = self.last_good.sha, self.first_bad.sha
-        self.profiles, self.profile_section = doc, section
-
 
 class Bisector:
     def __init__(self, bench: CommitBench, metric: str, concurrency: int,
@@ -192,8 +174,32 @@ class Bisector:
         first = path[hi]
         result = BisectResult(first, steps, self._measured(),
                               f"first bad commit: {first.sha} {first.subject} ({first.date})", last_good=path[lo])
-        result.attach_profiles(self.bench.cfg.db)
+        result.profile_section, result.profiles = self.profile_pair(path[lo], first)
         return result
+
+    # ------------------------------------------------------------------ profiles at the culprit
+    def profile_pair(self, last_good: gitrepo.Commit, first_bad: gitrepo.Commit) -> tuple[str | None, dict | None]:
+        """Both commits' profiles and their kernel-time diff (markdown, JSON), or (None, None) when a side
+        has none. With --profile-level, a side whose stored runs kept no profile (e.g. reused nightly
+        runs) is measured once more, profiled."""
+        from k2bench.harness.analysis.profile_diff import verdict_profiles
+        from k2bench.harness.store import Store
+
+        ids = {}
+        for commit in (last_good, first_bad):
+            with Store.open(self.bench.cfg.db, readonly=True) as store:
+                runs = self.bench.stored_runs(store, commit.sha)
+            if self.bench.cfg.profile_level and not any(r.get("profile") for r in runs):
+                self.bench.say(f"profiling {commit.short} {commit.subject[:60]}")
+                self.bench.measure(commit)
+                with Store.open(self.bench.cfg.db, readonly=True) as store:
+                    runs = self.bench.stored_runs(store, commit.sha)
+            ids[commit.sha] = [r["id"] for r in runs]
+        with Store.open(self.bench.cfg.db, readonly=True) as store:
+            section, doc = verdict_profiles(store, ids[last_good.sha], ids[first_bad.sha], "last good", "first bad")
+        if doc:
+            doc["last good"]["commit"], doc["first bad"]["commit"] = last_good.sha, first_bad.sha
+        return section, doc
 
     def _measured(self) -> int:
         return len(set(self.bench.measured))
