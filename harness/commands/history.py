@@ -187,5 +187,11 @@ def _one_shift(bench, shift):
         workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
     except UserError:  # an ad-hoc workload: its lengths say it all
         workload = loader.resolve(None, run.get("isl"), run.get("osl"))
+    profile_level = bench.cfg.profile_level
+    if profile_level:  # the shift's own level is the one profiled, with the requests asked for
+        from k2bench.harness.telemetry.profile import parse
+
+        profile_level = f"{shift.concurrency}:{parse(profile_level).requests_for()}"
     return replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
-                                                   tp=run.get("tp") or 1, gpus=run.get("num_gpus")))
+                                                   tp=run.get("tp") or 1, gpus=run.get("num_gpus"),
+                                                   profile_level=profile_level))
