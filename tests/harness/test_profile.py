@@ -110,6 +110,12 @@ def test_stored_profiles_round_trip_and_diff_on_the_command_line(db_url, tmp_pat
     assert "trace `/t/a.json`" in section and "trace `/t/b.json`" in section
     assert section.index("`engine.sample`") < section.index("`aten::mm`")
     json.dumps(doc)  # the stored profile stays plain JSON
+    # `show` names the pass and its trace in one line, not the whole summary
+    assert main(["show", str(a), "--db", db_url]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("profile")]
+    assert "4 request(s) at concurrency 2, 4 completed; trace /t/a.json; summary of 2 ops/kernels over 10" in line
+    assert main(["show", str(failed), "--db", db_url]) == 0
+    assert "no profile: POST /start_profile answered HTTP 404" in capsys.readouterr().out
 
 
 @pytest.mark.slow
