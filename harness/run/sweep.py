@@ -276,7 +276,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                         stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
                     store.add_point(result.run_id, point, records)
                     result.points.append(point)
-                    if cfg.profile_level and trial == 0 and profile.parse(cfg.profile_level).concurrency == conc:
+                    if (cfg.profile_level and trial == 0 and not watch.server_down
+                            and profile.parse(cfg.profile_level).concurrency == conc):
                         from k2bench.harness.run.profiled import profiled_pass
 
                         store.set_profile(result.run_id, profiled_pass(cfg, srv.url, request_model, vocab,

@@ -91,6 +91,8 @@ def test_stored_profiles_round_trip_and_diff_on_the_command_line(db_url, tmp_pat
         with pytest.raises(UserError, match=r"run\.profile: expected an object"):
             store.set_profile(a, ["not", "an", "object"])
         doc = store.export_run(b)
+    with Store.open(f"sqlite:///{tmp_path}/copy.db") as copy:  # an exported run imports with its profile
+        assert copy.get_run(copy.import_run(doc))["profile"] == b_prof
     assert doc["run"]["profile"]["summary"]["ops"][0]["name"] == "engine.sample"  # exported with the run
     assert main(["profile-diff", str(a), str(b), "--db", db_url, "--format", "md"]) == 0
     out = capsys.readouterr().out.splitlines()
