@@ -377,6 +377,13 @@ def validate(cfg: Any) -> None:
     for s in SETTINGS:
         if s.name not in WORKLOAD_KEYS:  # the Workload checks its own lengths when it is made
             _check(s, _read(cfg, s), s.flag)
+    if cfg.profile_level:
+        from k2bench.harness.telemetry.profile import parse
+
+        conc = parse(cfg.profile_level).concurrency
+        if conc not in cfg.levels:
+            raise UserError(f"--profile-level {cfg.profile_level}: concurrency {conc} is not among the levels "
+                            f"({','.join(map(str, cfg.levels))})")
 
 
 def check_job(fields: Mapping[str, Any], where: str) -> None:

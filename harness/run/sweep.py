@@ -25,6 +25,7 @@ from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
+from k2bench.harness.run.profiled import profiled_pass
 from k2bench.harness.servers import launch
 from k2bench.harness.telemetry import profile
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
@@ -101,10 +102,6 @@ class SweepConfig:
     def validate(self) -> None:
         """Every check, in one place: the declaration of the settings (`settings.validate`)."""
         settings.validate(self)
-        if self.profile_level and profile.parse(self.profile_level).concurrency not in self.levels:
-            raise UserError(f"--profile-level {self.profile_level}: concurrency "
-                            f"{profile.parse(self.profile_level).concurrency} is not among the levels "
-                            f"({','.join(map(str, self.levels))})")
 
 
 @dataclass
@@ -278,8 +275,6 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     result.points.append(point)
                     if (cfg.profile_level and trial == 0 and not watch.server_down
                             and profile.parse(cfg.profile_level).concurrency == conc):
-                        from k2bench.harness.run.profiled import profiled_pass
-
                         store.set_profile(result.run_id, profiled_pass(cfg, srv.url, request_model, vocab,
                                                                        profile.parse(cfg.profile_level), say))
                     if events.level_done:
