@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "history",  # k2bench backfill / bisect
     "runs",  # k2bench runs / show / export / import
     "regress",  # k2bench regress / changepoints
+    "profile",  # k2bench profile-diff
     "db",  # k2bench db status|upgrade
     "dashboard",  # k2bench dashboard
     "serve",  # k2bench serve (thin door into k2bench.engine, imported lazily)

@@ -234,6 +234,24 @@ class AsyncEngine:
         self._sinks.pop(seq.seq_id, None)
         self._post(("finish", seq, reason))
 
+    def call(self, fn: Callable[[], object]) -> asyncio.Future:
+        """Run ``fn`` in the engine thread between two steps (the profiler must start and stop there);
+        called on the event loop, whose future gets its result or exception."""
+        fut = self.loop.create_future()
+        self._post(("call", fn, fut))
+        return fut
+
+    def _call(self, fn: Callable[[], object], fut: asyncio.Future) -> None:
+        try:
+            res, exc = fn(), None
+        except Exception as e:  # handed to the caller, never a reason to stop the loop
+            res, exc = None, e
+
+        def settle() -> None:
+            if not fut.done():
+                fut.set_exception(exc) if exc is not None else fut.set_result(res)
+        self.loop.call_soon_threadsafe(settle)
+
     def _post(self, cmd: tuple) -> None:
         with self._cv:
             self._inbox.append(cmd)
@@ -276,6 +294,9 @@ class AsyncEngine:
                 self._inbox.clear()
             events: list[tuple[int, Event]] = []
             for cmd in cmds:
+                if cmd[0] == "call":
+                    self._call(cmd[1], cmd[2])
+                    continue
                 op, seq = cmd[0], cmd[1]
                 try:
                     if op == "add":

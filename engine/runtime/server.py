@@ -19,6 +19,7 @@ from aiohttp import web
 
 from k2bench.engine.runtime import server_metrics
 from k2bench.engine.runtime.engine import AsyncEngine, LLMEngine
+from k2bench.engine.runtime.profiler import ProfileEndpoints, apply_test_delay
 from k2bench.engine.runtime.protocol import (
     RequestError,
     StopStrings,
@@ -76,6 +77,8 @@ class OpenAIServer:
         self.api_key = api_key
         self.async_engine: AsyncEngine | None = None
         self.prom = server_metrics.ServerMetrics(engine)
+        apply_test_delay(engine)  # tests only: K2BENCH_TEST_SLOW
+        self.profile = ProfileEndpoints(self)  # /start_profile, /stop_profile
         self.created = int(time.time())
         self.vocab_size = getattr(engine, "model_config", None) and engine.model_config.vocab_size or (
             tokenizer.vocab_size if tokenizer else 1 << 31)
@@ -97,6 +100,7 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
+        self.profile.add_routes(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app

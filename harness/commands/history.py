@@ -111,6 +111,8 @@ def _bisect(args: argparse.Namespace) -> int:
         print(f"  {step.commit.short}  {step.commit.date}  {args.metric} = {step.value:.4g}  {step.verdict}"
               f"  {step.commit.subject[:60]}")
     print(result.message)
+    if result.profile_section:
+        print(result.profile_section)
     print(f"{result.measured} commit(s) measured by this call")
     if args.bisect_json:
         write_json(result, args.bisect_json)
@@ -119,17 +121,14 @@ def _bisect(args: argparse.Namespace) -> int:
 
 def _bisect_shifts(args: argparse.Namespace) -> int:
     """Every stored shift between non-adjacent commits, bisected with the shifted run's own workload."""
-    from dataclasses import replace
     from functools import partial
     from pathlib import Path
 
-    from k2bench.errors import UserError
     from k2bench.harness.analysis.mdsafe import md_code, md_text
     from k2bench.harness.analysis.regress import RegressConfig
     from k2bench.harness.history.bisect import Bisector, record, write_json
     from k2bench.harness.history.shifts import find_shifts
     from k2bench.harness.store import Store
-    from k2bench.workloads import loader
 
     bench = _bench(args)
     with Store.open(args.db, readonly=True) as store:
@@ -137,6 +136,7 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["| metric | conc | last good | first bad | culprit |", "| --- | --- | --- | --- | --- |"]
+    profiles: list[str] = []  # where a culprit's time went, when both sides were profiled
     if not shifts:
         print(f"no stored change point on {args.shifts} to bisect")
     for shift in shifts:
@@ -147,14 +147,16 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             culprit = shift.bad
             print(f"{label}: adjacent commits, so the culprit is {culprit}")
             record(args.db, **where, result=None)
+            if bench.cfg.profile_level:  # profile both sides of the confirmed change
+                from k2bench.harness.history.gitrepo import resolve
+
+                one = _one_shift(bench, shift)
+                section, _ = Bisector(one, shift.metric, shift.concurrency).profile_pair(
+                    resolve(bench.repo, shift.good), resolve(bench.repo, shift.bad))
+                if section:
+                    profiles.append(f"## {md_text(label)}\n\n{section}")
         else:
-            run = shift.run
-            try:
-                workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
-            except UserError:  # an ad-hoc workload: its lengths say it all
-                workload = loader.resolve(None, run.get("isl"), run.get("osl"))
-            one = replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
-                                                          tp=run.get("tp") or 1, gpus=run.get("num_gpus")))
+            one = _one_shift(bench, shift)
             print(f"{label}: bisecting {shift.between} commit(s)")
             result = Bisector(one, shift.metric, shift.concurrency,
                               RegressConfig(threshold=args.threshold, alpha=args.alpha),
@@ -163,8 +165,33 @@ def _bisect_shifts(args: argparse.Namespace) -> int:
             write_json(result, out / f"bisect-{shift.bad[:12]}-{shift.metric}-c{shift.concurrency}.json")
             culprit = result.first_bad.sha if result.first_bad else None
             record(args.db, **where, result=result)
+            if result.profile_section:
+                profiles.append(f"## {md_text(label)}\n\n{result.profile_section}")
         code = partial(md_code, in_table=True)  # commits and metric names come from the store: inert markdown
         lines.append(f"| {md_text(shift.metric)} | {shift.concurrency} | {code(shift.good[:12])} | "
                      f"{code(shift.bad[:12])} | {code(culprit) if culprit else 'not found'} |")
-    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n")
+    (out / "culprits.md").write_text("# k2bench: culprits of tonight's shifts\n\n" + "\n".join(lines) + "\n"
+                                     + "".join(f"\n{p}" for p in profiles))
     return 0
+
+
+def _one_shift(bench, shift):
+    """The bench of one shift: the shifted run's own workload, level and GPUs."""
+    from dataclasses import replace
+
+    from k2bench.errors import UserError
+    from k2bench.workloads import loader
+
+    run = shift.run
+    try:
+        workload = loader.resolve(run.get("workload"), run.get("isl"), run.get("osl"))
+    except UserError:  # an ad-hoc workload: its lengths say it all
+        workload = loader.resolve(None, run.get("isl"), run.get("osl"))
+    profile_level = bench.cfg.profile_level
+    if profile_level:  # the shift's own level is the one profiled, with the requests asked for
+        from k2bench.harness.telemetry.profile import parse
+
+        profile_level = f"{shift.concurrency}:{parse(profile_level).requests_for()}"
+    return replace(bench, measured=[], cfg=replace(bench.cfg, levels=[shift.concurrency], workload=workload,
+                                                   tp=run.get("tp") or 1, gpus=run.get("num_gpus"),
+                                                   profile_level=profile_level))

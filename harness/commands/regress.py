@@ -112,8 +112,13 @@ def _regress(args) -> int:
     store = _open(args.db, readonly=True)
     out = run_gate(store, args.candidate, args.baseline, opts, cfg, use_requests=not args.no_requests)
     res = out.result
+    section, prof_doc = None, None
+    if res.overall == "regression":  # both sides profiled (--profile-level): where the time went
+        from k2bench.harness.analysis.profile_diff import verdict_profiles
+
+        section, prof_doc = verdict_profiles(store, res.baseline_runs, res.candidate_runs, "baseline", "candidate")
     if args.format == "json":
-        text = report.to_json(res)
+        text = _json(res, prof_doc)
     else:
         png_name = None
         if args.out:
@@ -121,6 +126,8 @@ def _regress(args) -> int:
             if report.frontier_png(res, png, out.cand_points, out.base_points):
                 png_name = png.name
         text = report.markdown(res, png_name)
+        if section:
+            text = text.rstrip() + "\n\n" + section
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text, encoding="utf-8")
@@ -130,8 +137,20 @@ def _regress(args) -> int:
         sys.stdout.write(text)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(report.to_json(res), encoding="utf-8")
+        Path(args.json_out).write_text(_json(res, prof_doc), encoding="utf-8")
     return 1 if (args.fail_on_regression and res.overall == "regression") else 0
+
+
+def _json(res, profiles: dict | None) -> str:
+    """The verdict's JSON, with both sides' profiles and their kernel-time diff when there are some."""
+    from k2bench.harness.analysis import report
+
+    text = report.to_json(res)
+    if not profiles:
+        return text
+    import json
+
+    return json.dumps({**json.loads(text), "profiles": profiles}, indent=2, sort_keys=True, default=str) + "\n"
 
 
 def _changepoints(args) -> int:

@@ -207,6 +207,8 @@ def _show(args) -> int:
         value = run.get(key)
         if value is None or value == {} or value == []:
             continue
+        if key == "profile":  # the summary is long: what it is, where the trace is
+            value = _profile_text(value)
         lines.append((key, value if isinstance(value, str) else json.dumps(value, sort_keys=True)))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
@@ -229,6 +231,20 @@ def _show(args) -> int:
     for ev in doc["evals"]:
         console.print(eval_line(ev), highlight=False, markup=False)
     return 0
+
+
+def _profile_text(prof: dict) -> str:
+    """One line for `show`: the profiled pass, its trace, and its summary's size (profile-diff reads it)."""
+    text = f"{prof.get('requests')} request(s) at concurrency {prof.get('concurrency')}, {prof.get('completed')} completed"
+    if prof.get("error"):
+        return f"{text}; no profile: {prof['error']}"
+    summary = prof.get("summary")
+    if prof.get("trace"):
+        text += f"; trace {prof['trace']}"
+    if isinstance(summary, dict):
+        text += (f"; summary of {summary.get('ops_total')} ops/kernels over {summary.get('steps')} engine steps "
+                 f"(k2bench profile-diff compares two runs)")
+    return text
 
 
 def eval_line(ev: dict) -> str:

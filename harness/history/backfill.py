@@ -18,7 +18,7 @@ from k2bench.errors import UserError
 from k2bench.harness import redact
 from k2bench.harness.history import gitrepo
 from k2bench.harness.record.fingerprint import fingerprint
-from k2bench.harness.record.provenance import detect_hardware
+from k2bench.harness.record.provenance import detect_hardware, precision_of
 from k2bench.harness.run.sweep import LevelEvents, SweepConfig, SweepResult, run_sweep
 from k2bench.harness.servers import launch, recipes
 
@@ -65,8 +65,12 @@ class CommitBench:
     def expected_meta(self) -> dict:
         """The fingerprinted fields of the runs this bench stores (an attached sweep records them so)."""
         c, w = self.cfg, self.cfg.workload
-        return {"engine": "external", "engine_version": None, "engine_flags": None, "model": c.model,
-                "precision": c.precision, "hardware": c.hardware, "num_gpus": c.gpus or c.tp, "tp": c.tp,
+        # a model folder is recorded by its name and its precision, as the sweep records them
+        # (run.sweep._describe_run)
+        folder = Path(c.model) if c.model and Path(c.model).is_dir() else None
+        return {"engine": "external", "engine_version": None, "engine_flags": None,
+                "model": folder.name if folder else c.model,
+                "precision": c.precision or (precision_of(folder) if folder else None), "hardware": c.hardware, "num_gpus": c.gpus or c.tp, "tp": c.tp,
                 "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio}
 
     @property

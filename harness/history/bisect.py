@@ -50,11 +50,17 @@ class BisectResult:
     steps: list[Step]
     measured: int  # commits measured by this call (reused ones not counted)
     message: str
+    last_good: gitrepo.Commit | None = None  # the first bad commit's parent on the bisected path
+    profiles: dict | None = None  # both sides' profiles and their kernel-time diff (`attach_profiles`)
+    profile_section: str | None = None  # the same as markdown
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "first_bad": self.first_bad.sha if self.first_bad else None,
-                "steps": [{"commit": s.commit.sha, "value": s.value if np.isfinite(s.value) else None,
-                           "verdict": s.verdict} for s in self.steps]}
+        doc = {"schema": SCHEMA, "first_bad": self.first_bad.sha if self.first_bad else None,
+               "steps": [{"commit": s.commit.sha, "value": s.value if np.isfinite(s.value) else None,
+                          "verdict": s.verdict} for s in self.steps]}
+        if self.profiles:
+            doc["profiles"] = self.profiles
+        return doc
 
 
 class Bisector:
@@ -166,8 +172,34 @@ class Bisector:
             else:
                 lo = mid
         first = path[hi]
-        return BisectResult(first, steps, self._measured(),
-                            f"first bad commit: {first.sha} {first.subject} ({first.date})")
+        result = BisectResult(first, steps, self._measured(),
+                              f"first bad commit: {first.sha} {first.subject} ({first.date})", last_good=path[lo])
+        result.profile_section, result.profiles = self.profile_pair(path[lo], first)
+        return result
+
+    # ------------------------------------------------------------------ profiles at the culprit
+    def profile_pair(self, last_good: gitrepo.Commit, first_bad: gitrepo.Commit) -> tuple[str | None, dict | None]:
+        """Both commits' profiles and their kernel-time diff (markdown, JSON), or (None, None) when a side
+        has none. With --profile-level, a side whose stored runs kept no profile (e.g. reused nightly
+        runs) is measured once more, profiled."""
+        from k2bench.harness.analysis.profile_diff import verdict_profiles
+        from k2bench.harness.store import Store
+
+        ids = {}
+        for commit in (last_good, first_bad):
+            with Store.open(self.bench.cfg.db, readonly=True) as store:
+                runs = self.bench.stored_runs(store, commit.sha)
+            if self.bench.cfg.profile_level and not any(r.get("profile") for r in runs):
+                self.bench.say(f"profiling {commit.short} {commit.subject[:60]}")
+                self.bench.measure(commit)
+                with Store.open(self.bench.cfg.db, readonly=True) as store:
+                    runs = self.bench.stored_runs(store, commit.sha)
+            ids[commit.sha] = [r["id"] for r in runs]
+        with Store.open(self.bench.cfg.db, readonly=True) as store:
+            section, doc = verdict_profiles(store, ids[last_good.sha], ids[first_bad.sha], "last good", "first bad")
+        if doc:
+            doc["last good"]["commit"], doc["first bad"]["commit"] = last_good.sha, first_bad.sha
+        return section, doc
 
     def _measured(self) -> int:
         return len(set(self.bench.measured))

@@ -101,6 +101,12 @@ def _price(v: float) -> None:
     check_price(v)
 
 
+def _profile_level(v: str) -> None:
+    from k2bench.harness.telemetry.profile import parse
+
+    parse(v)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One sweep setting. ``kind`` is its type: int, float, str, bool (a switch), "conc" (levels),
@@ -259,6 +265,10 @@ SETTINGS: tuple[Setting, ...] = (
       "(repeatable: the prefill and decode workers of a disaggregated server; each sample is then labelled "
       "with its instance, host:port)", commands=SWEEP_ONLY, key=False, metavar="URL",
       attr="telemetry.metrics_urls", example="http://127.0.0.1:8100/metrics"),
+    S("profile_level", str, "telemetry", "profile N requests at concurrency C in the server's profiler "
+      "(/start_profile, /stop_profile), as an extra pass after that level's measured requests, so the level's "
+      "figures stay unprofiled; the trace path and the kernel-time summary are kept with the run (default N: C)",
+      check=_via(_profile_level), metavar="C[:N]", example="4:8"),
     S("no_telemetry", bool, "telemetry", "read neither GPU power nor the server's /metrics", default=False,
       commands=SWEEP_ONLY, key=False, store=lambda off: {"telemetry.gpu": not off, "telemetry.server_metrics": not off},
       read=lambda cfg: not (cfg.telemetry.gpu or cfg.telemetry.server_metrics)),
@@ -420,6 +430,13 @@ def validate(cfg: Any) -> None:
     elif any(r == float("inf") for r in rates) and cfg.num_prompts is None and cfg.max_inflight is None:
         raise UserError("--rate inf sends a level's requests all at once, so its count cannot be K seconds' "
                         "worth: give --num-prompts N (or --max-inflight N, for Kx of the cap)")
+    if cfg.profile_level:
+        from k2bench.harness.telemetry.profile import parse
+
+        conc = parse(cfg.profile_level).concurrency
+        if conc not in cfg.levels:
+            raise UserError(f"--profile-level {cfg.profile_level}: concurrency {conc} is not among the levels "
+                            f"({','.join(map(str, cfg.levels))})")
 
 
 def check_job(fields: Mapping[str, Any], where: str) -> None:

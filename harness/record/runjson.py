@@ -24,7 +24,8 @@ from k2bench.harness.record import bounds, schema
 from k2bench.harness.record.schema import MODES, RUN_STATUSES, Spec, format_time, level_key, parse_time
 
 __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
-           "validate_eval", "validate_evals", "validate_point", "validate_request", "validate_run", "write_doc"]
+           "validate_eval", "validate_evals", "validate_point", "validate_request", "validate_run",
+           "validate_run_field", "write_doc"]
 
 
 def schema_name() -> str:
@@ -162,6 +163,12 @@ def validate_run(run, where: str = "run") -> dict:
         if isinstance(value, str):
             bounds.check_name(value, bounds.NAME_CAP, f"{where}.tags.{key}")
     return out
+
+
+def validate_run_field(name: str, value, where: str = "run") -> object:
+    """One run field set after the run was created (e.g. its profile), checked as an import checks it."""
+    spec = next(f for f in schema.RUN if f.name == name)
+    return _check(spec.kind, value, f"{where}.{name}")
 
 
 def validate_point(point, where: str = "point") -> dict:

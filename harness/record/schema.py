@@ -143,6 +143,8 @@ class Run:
     extra: dict | None = col("dict?", JSON(), "free-form data")
     arrival: dict | None = col("dict?", JSON(), "rate levels' schedule: burstiness, max_inflight, ramp_up_s, "
                                "duration_s, seed (null for a closed-loop run)", fingerprint=True)
+    profile: dict | None = col("dict?", JSON(), "the profiled pass (--profile-level): concurrency, requests, "
+                               "completed, the server's trace path and kernel-time summary, or why there is none")
 
 
 @dataclass

@@ -27,7 +27,9 @@ from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
+from k2bench.harness.run.profiled import profiled_pass
 from k2bench.harness.servers import launch
+from k2bench.harness.telemetry import profile
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
@@ -77,6 +79,7 @@ class SweepConfig:
     max_inflight: int | None = None  # rate levels: cap on requests in flight
     ramp_up_s: float = settings.default("ramp_up")  # rate levels: the rate grows linearly over the first S seconds (warmup)
     duration_s: float | None = None  # rate levels: measured sending time; num_prompts (if given) caps it
+    profile_level: str | None = None  # C[:N]: profile N requests at concurrency C (an extra pass)
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -319,6 +322,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                         stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
                     store.add_point(result.run_id, point, records)
                     result.points.append(point)
+                    if (cfg.profile_level and trial == 0 and not watch.server_down
+                            and profile.parse(cfg.profile_level).concurrency == conc):
+                        store.set_profile(result.run_id, profiled_pass(cfg, srv.url, request_model, vocab,
+                                                                       profile.parse(cfg.profile_level), say))
                     if events.level_done:
                         events.level_done(point)
                 if watch.server_down:

@@ -165,6 +165,13 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
         values.update(run_id=run_id, created_at=_utcnow())
         return s.execute(insert(Point).values(**values).returning(Point.id)).scalar_one()
 
+    def set_profile(self, run_id: int, profile: dict) -> None:
+        """Keep a run's profiled pass (--profile-level; one per run)."""
+        checked = runjson.validate_run_field("profile", profile)
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            s.execute(update(Run).where(Run.id == run.id).values(profile=checked, updated_at=_utcnow()))
+
     def beat(self, run_id: int) -> None:
         """Refresh a running run's heartbeat (store/heartbeat.py calls this from its thread)."""
         with self._writer() as s:
