@@ -71,6 +71,8 @@ class ServerConfig:
     vocab_size: int = 0  # refuse prompts with token ids >= this, as a real model does (0: any id)
     root: str | None = None  # reported as the model's "root" in /v1/models (vLLM reports its model path)
     kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
+    slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
+    slow_ms: float = 0.0  # added to the TTFT of those requests
 
 
 class StreamRecord(NamedTuple):
@@ -257,6 +259,8 @@ class TestServer:
                       include_usage: bool, n: int) -> None:
         cfg = self.config
         first = arrived + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        if cfg.slow_every and n % cfg.slow_every == 0:
+            first += cfg.slow_ms / 1e3
         gap = cfg.itl_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
@@ -317,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
+    p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -327,7 +333,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prefill_us_per_token=args.prefill_us_per_token, fail_status=args.fail_status, fail_every=args.fail_every,
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
-        vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after,
+        vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, slow_every=args.slow_every,
+        slow_ms=args.slow_ms,
     )
 
 
