@@ -66,6 +66,17 @@ def test_attainment_of_known_slow_requests(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "75.0%" in out and f"{100 * point['slo_attainment_low']:.1f}-" in out
 
+    # the figures travel with the run's JSON (optional fields of the document)
+    path = tmp_path / "run.json"
+    assert main(["export", str(run_id), "--db", db, "--json", str(path), "--requests"]) == 0
+    other = f"sqlite:///{tmp_path}/other.db"
+    assert main(["import", str(path), "--db", other]) == 0
+    with Store.open(other, readonly=True) as store:
+        again = store.export_run(1)
+    assert again["run"]["slo"] == run["slo"]
+    assert {k: again["points"][0][k] for k in point if k.startswith(("slo", "goodput"))} == \
+        {k: v for k, v in point.items() if k.startswith(("slo", "goodput"))}
+
 
 @pytest.mark.parametrize("argv", [
     ["show", "1", "--slo", "ttft=5"],
@@ -109,3 +120,15 @@ def test_regress_judges_both_sides_under_the_candidates_slo(tmp_path):
     assert (att["baseline"], att["candidate"]) == (1.0, 0.5)
     assert att["status"] == "regression" and att["mw_source"] == "trials"
     assert any(f"ttft_ms={BOUND_MS}" in note for note in doc["notes"])
+
+
+def test_sweep_command_prints_attainment(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the server log goes to ./results/logs
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["sweep", "--engine", "testserver", "--server-args",
+                 f"--ttft-ms {FAST_MS} --itl-ms 2 --slow-every 2 --slow-ms {SLOW_MS}", "--isl", "8", "--osl", "4",
+                 "--conc", "1", "--num-prompts", "4", "--warmup", "0", "--slo", f"ttft_ms={BOUND_MS}", "--db", db])
+    out = capsys.readouterr().out
+    assert code == 0
+    # one in flight: requests 1..4 arrive in order and the server slows 2 and 4
+    assert "attainment" in out and "50.0%" in out and "goodput" in out  # headers may wrap
