@@ -57,3 +57,26 @@ def test_comparison_slo():
     assert comparison_slo("tpot_ms=9", [{"slo": "ttft_ms=5"}]).text == "tpot_ms=9"
     with pytest.raises(UserError, match="different SLOs.*--slo"):
         comparison_slo(None, [{"slo": "ttft_ms=5"}, {"slo": "ttft_ms=6"}])
+
+
+def test_a_change_of_slo_is_no_change_point(tmp_path, capsys):
+    """Twelve runs with the same requests: the first six stored under a tight SLO (attainment 0.25), the
+    last six under a loose one (0.75). Scanned under the newest run's SLO, the series is flat."""
+    from k2bench.harness.cli import main
+    from k2bench.harness.measure.slo import attainment
+
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    with Store.open(db) as store:
+        for i in range(12):
+            slo = "ttft_ms=15" if i < 6 else "ttft_ms=35"
+            run_id = store.create_run({"engine": "e", "model": "m", "num_gpus": 1, "branch": "main", "slo": slo,
+                                       "commit": f"{i:040x}", "started_at": f"2026-11-{10 + i:02d}T00:00:00Z"})
+            recs = _records([10 + i % 3, 20, 30, 40])
+            point = summarize_level(recs, concurrency=1, num_gpus=1)
+            point.update(attainment(recs, parse_slo(slo), duration_s=point["duration_s"], num_gpus=1).fields())
+            store.add_point(run_id, point, recs)
+            store.finish_run(run_id, "complete")
+        stored = store.points_frame()["slo_attainment"].tolist()
+    assert stored == [0.25] * 6 + [0.75] * 6  # what a scan of the stored figures would see
+    assert main(["changepoints", "--db", db, "--metric", "slo_attainment", "--no-store"]) == 0
+    assert "0 change point(s)" in capsys.readouterr().out
