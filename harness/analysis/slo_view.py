@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 
 def level_figures(store, run_id: int, point: dict, num_gpus: int, slo: Slo) -> dict:
-    """The SLO fields of one stored level (None each when it has no stored requests)."""
-    records = store.load_records(run_id, concurrency=point["concurrency"], trial=point.get("trial") or 0)
+    """The SLO fields of one stored level, closed or rate (None each when it has no stored requests)."""
+    kind = (point.get("mode") or "closed", _rate(point.get("rate")))
+    records = [r for r in store.load_records(run_id, concurrency=point["concurrency"], trial=point.get("trial") or 0)
+               if (r.mode or "closed", _rate(r.rate)) == kind]
     if not records:
         return dict.fromkeys(FIELDS)
     return attainment(records, slo, duration_s=point.get("duration_s"), num_gpus=num_gpus).fields()
@@ -38,7 +40,8 @@ def with_slo(store, points: pd.DataFrame, slo: Slo) -> pd.DataFrame:
     for i, row in out.iterrows():
         if row["slo"] == slo.text:
             continue
-        point = {"concurrency": int(row["concurrency"]), "trial": int(row["trial"]),
+        point = {"concurrency": int(row["concurrency"]), "trial": int(row["trial"]), "mode": row.get("mode"),
+                 "rate": row.get("rate"),
                  "duration_s": None if row["duration_s"] is None or row["duration_s"] != row["duration_s"]
                  else float(row["duration_s"])}
         for col, value in level_figures(store, int(row["run_id"]), point, int(row["num_gpus"]), slo).items():
@@ -47,6 +50,11 @@ def with_slo(store, points: pd.DataFrame, slo: Slo) -> pd.DataFrame:
     for col in FIELDS:
         out[col] = out[col].astype(float)
     return out
+
+
+def _rate(value) -> float | None:
+    """A level's rate as one value: None for closed levels (a frame holds NaN there)."""
+    return None if value is None or value != value else float(value)
 
 
 def comparison_slo(given: str | None, runs: list[dict]) -> Slo | None:
