@@ -35,8 +35,9 @@ def test_frontier_draws_the_tpot_floor_and_hovers_attainment(fixture, monkeypatc
     lines = [s for s in fig["layout"].get("shapes", []) if s.get("x0") == s.get("x1")]
     assert [s["x0"] for s in lines] == [pytest.approx(20.0)]
     (points,) = [t for t in fig["data"] if t["name"].startswith("vllm") and t["mode"] == "markers+text"]
-    for c, hover in zip(fxdb.LEVELS, points["customdata"], strict=True):
-        assert f"SLO attainment: {100 * WANT[c]:.1f}%" in hover
+    assert sorted(points["text"]) == sorted(f"c{c}" for c in fxdb.LEVELS)
+    for label, hover in zip(points["text"], points["customdata"], strict=True):
+        assert f"SLO attainment: {100 * WANT[int(label[1:])]:.1f}%" in hover
     table = page_table(at, "frontier_table")
     got = dict(zip(table[table["config"].str.startswith("vllm")]["concurrency"],
                    table[table["config"].str.startswith("vllm")]["slo_attainment"], strict=True))
