@@ -132,3 +132,44 @@ def test_sweep_command_prints_attainment(tmp_path, capsys, monkeypatch):
     assert code == 0
     # one in flight: requests 1..4 arrive in order and the server slows 2 and 4
     assert "attainment" in out and "50.0%" in out and "goodput" in out  # headers may wrap
+
+
+def test_rate_level_attainment(tmp_path, capsys, monkeypatch):
+    """A rate level (open loop, at most 4 in flight) of 12 requests, no warmup: the server slows requests
+    3, 6, 9 and 12, so 8 of 12 meet the TTFT bound; stored by the sweep and recomputed by show alike."""
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["sweep", "--engine", "testserver", "--server-args",
+                 f"--ttft-ms {FAST_MS} --itl-ms 2 --slow-every 3 --slow-ms {SLOW_MS}", "--isl", "8", "--osl", "4",
+                 "--rate", "50", "--max-inflight", "4", "--num-prompts", "12", "--warmup", "0", "--no-telemetry",
+                 "--max-send-lag", "10000", "--max-rate-error", "0.9", "--slo", f"ttft_ms={BOUND_MS}", "--db", db])
+    assert code == 0, capsys.readouterr().err
+    with Store.open(db, readonly=True) as store:
+        (point,) = store.export_run(1)["points"]
+    assert (point["mode"], point["slo_met"], point["slo_attainment"]) == ("rate", 8, pytest.approx(8 / 12))
+    assert point["goodput_rps"] == pytest.approx(8 / point["duration_s"])
+    capsys.readouterr()
+    assert main(["show", "1", "--db", db, "--slo", f"ttft_ms={BOUND_MS},tpot_ms=1000"]) == 0
+    assert "66.7%" in capsys.readouterr().out
+
+
+def test_closed_and_rate_levels_of_one_concurrency_are_judged_apart(tmp_path, monkeypatch):
+    """A closed level and a rate level, both at concurrency 4, 12 requests each, in one run: the server slows
+    every 8th request it receives (8 in the first level; 16 and 24 in the second), so the levels attain 11/12
+    and 10/12; figures recomputed from the stored requests must pick each level's own requests."""
+    from k2bench.harness.analysis.slo_view import level_figures
+    from k2bench.harness.measure.slo import parse_slo
+
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["sweep", "--engine", "testserver", "--server-args",
+                 f"--ttft-ms {FAST_MS} --itl-ms 2 --slow-every 8 --slow-ms {SLOW_MS}", "--isl", "8", "--osl", "4",
+                 "--conc", "4", "--rate", "50", "--max-inflight", "4", "--num-prompts", "12", "--warmup", "0",
+                 "--no-telemetry", "--max-send-lag", "10000", "--max-rate-error", "0.9",
+                 "--slo", f"ttft_ms={BOUND_MS}", "--db", db])
+    assert code == 0
+    with Store.open(db, readonly=True) as store:
+        points = store.export_run(1)["points"]
+        again = [level_figures(store, 1, p, 1, parse_slo(f"ttft_ms={BOUND_MS + 1}")) for p in points]
+    assert sorted(p["slo_met"] for p in points) == [10, 11]
+    assert [a["slo_met"] for a in again] == [p["slo_met"] for p in points]
