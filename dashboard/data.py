@@ -9,7 +9,14 @@ import os
 import numpy as np
 import pandas as pd
 
-from k2bench.harness.measure.catalogue import BY_COLUMN, LEVEL_TABLE_FIELDS, TABLE_METRICS, over_trials
+from k2bench.harness.measure.catalogue import (
+    BY_COLUMN,
+    LEVEL_TABLE_FIELDS,
+    SPLIT_TABLE,
+    TABLE_METRICS,
+    TTFT_GAP,
+    over_trials,
+)
 from k2bench.harness.record import schema
 
 DB_ENV = "K2BENCH_DB"
@@ -197,6 +204,17 @@ def newest_slo(runs: pd.DataFrame) -> str:
         return ""
     given = runs[runs["slo"].map(_present)].sort_values("started_at")
     return str(given["slo"].iloc[-1]) if len(given) else ""
+
+
+def split_table(levels: pd.DataFrame) -> pd.DataFrame | None:
+    """The run page's table of what the server timed (catalogue SPLIT_TABLE), after the client's TTFT mean,
+    the server's (queue + prefill) and their gap; None when no level has any of it."""
+    cols = ["ttft_ms_mean", "server_ttft_ms", *(m.column for m in SPLIT_TABLE)]
+    if not any(c in levels.columns and levels[c].notna().any() for c in cols[1:]):
+        return None
+    out = levels[["concurrency", *(c for c in cols if c in levels.columns)]].sort_values("concurrency").copy()
+    out.insert(3, TTFT_GAP.column, out["ttft_ms_mean"] - out["server_ttft_ms"])
+    return out
 
 
 def latest_run_per_config(df: pd.DataFrame) -> pd.DataFrame:

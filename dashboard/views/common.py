@@ -7,10 +7,10 @@ import streamlit as st
 
 from k2bench.dashboard import data
 from k2bench.errors import UserError
-from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS
+from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS, TTFT_GAP
 from k2bench.harness.measure.slo import Slo, parse_slo
 
-_LEVEL_FIELDS = {f.column: f for f in LEVEL_TABLE_FIELDS}
+_LEVEL_FIELDS = {f.column: f for f in (*LEVEL_TABLE_FIELDS, TTFT_GAP)}
 
 
 def csv_download(df: pd.DataFrame, name: str, key: str) -> None:

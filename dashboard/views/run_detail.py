@@ -51,6 +51,13 @@ def render(url: str, runs: pd.DataFrame) -> None:
     table = data.level_table(levels)
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")
+    split = data.split_table(levels)
+    if split is not None:
+        st.subheader("At the server")
+        st.caption("From the server's own histograms over each level's measured window: server TTFT = queue + "
+                   "prefill (means); the client's TTFT minus it is the way to the server and back, and the client. "
+                   "p50/p99 are read within a histogram bucket and are off by at most its width.")
+        st.dataframe(split, hide_index=True, column_config=table_columns(split), key="detail_split")
 
     evals = cache.evals(url, (int(run_id),)).get(int(run_id), [])
     if evals:

@@ -71,6 +71,10 @@ class ServerMetrics:
         self.itl = hist("inter_token_latency_seconds", "time between consecutive tokens of one request")
         self.e2e = hist("e2e_request_latency_seconds", "request arrival to its last token (finished requests)")
         self.queue = hist("request_queue_time_seconds", "request arrival to its first scheduling")
+        # the rest of vLLM's per-request phases, observed when a request finishes (before its stream ends)
+        self.prefill = hist("request_prefill_time_seconds", "first scheduling to the first token")
+        self.decode = hist("request_decode_time_seconds", "first token to the last token")
+        self.inference = hist("request_inference_time_seconds", "first scheduling to the last token")
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -84,11 +88,13 @@ class RequestTimer:
 
     def __init__(self, metrics: ServerMetrics, seq: Sequence) -> None:
         self.m, self.seq = metrics, seq
+        self.first: float | None = None
         self.last: float | None = None
 
     def token(self) -> None:
         now = time.monotonic()
         if self.last is None:
+            self.first = now
             self.m.ttft.observe(now - self.seq.arrival_time)
             if self.seq.first_scheduled_time is not None:
                 self.m.queue.observe(max(0.0, self.seq.first_scheduled_time - self.seq.arrival_time))
@@ -97,4 +103,11 @@ class RequestTimer:
         self.last = now
 
     def finished(self) -> None:
+        """The request's end-to-end time, and its phases once it produced a token."""
         self.m.e2e.observe(time.monotonic() - self.seq.arrival_time)
+        scheduled = self.seq.first_scheduled_time
+        if self.first is None or self.last is None or scheduled is None:
+            return
+        self.m.prefill.observe(max(0.0, self.first - scheduled))
+        self.m.decode.observe(self.last - self.first)
+        self.m.inference.observe(max(0.0, self.last - scheduled))

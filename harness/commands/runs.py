@@ -139,6 +139,35 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     return table
 
 
+def split_table(points: list[dict]) -> Table | None:
+    """What the server timed, beside the client's TTFT: server TTFT = queue + prefill (means) and the gap
+    (network and client), the phases, and speculation; None when no level has any of it."""
+    from rich.table import Table
+
+    from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, SPLIT_TABLE, TTFT_GAP
+    from k2bench.harness.record import schema
+
+    flats = [schema.to_columns(schema.POINT, p) for p in points]
+    if not any(f.get(m.column) is not None for f in flats for m in (BY_COLUMN["server_ttft_ms"], *SPLIT_TABLE)):
+        return None
+    trials = len({p.get("trial", 0) for p in points}) > 1
+    client, server = BY_COLUMN["ttft_ms_mean"], BY_COLUMN["server_ttft_ms"]
+    table = Table(title="At the server (its histograms over each level's window; p50/p99 within one bucket)",
+                  title_justify="left")
+    table.add_column(FIELDS["concurrency"].header, justify="right")
+    if trials:
+        table.add_column(FIELDS["trial"].header, justify="right")
+    for header in (client.header, server.header, TTFT_GAP.header, *(m.header for m in SPLIT_TABLE)):
+        table.add_column(header, justify="right")
+    for p, flat in zip(points, flats, strict=True):
+        row = [str(p["concurrency"])] + ([str(p.get("trial", 0))] if trials else [])
+        c, sv = flat.get(client.column), flat.get(server.column)
+        row += [client.format(c), server.format(sv), TTFT_GAP.format(None if c is None or sv is None else c - sv)]
+        row += [m.format(flat.get(m.column)) for m in SPLIT_TABLE]
+        table.add_row(*row, style="dim" if p.get("valid") is False else None)
+    return table
+
+
 def _open(args, readonly: bool):
     """runs, show and export only read: they never create or upgrade a database (see `k2bench db upgrade`)."""
     from k2bench.harness.store import Store
@@ -213,6 +242,9 @@ def _show(args) -> int:
         console.print(f"{key:<{width}}  {value}", highlight=False, markup=False)
     if doc["points"]:
         console.print(points_table(doc["points"]))
+        split = split_table(doc["points"])
+        if split is not None:
+            console.print(split)
         trials = len({p["trial"] for p in doc["points"]}) > 1
         for p in doc["points"]:
             where = f"conc {p['concurrency']}" + (f" trial {p['trial']}" if trials else "")

@@ -8,6 +8,12 @@ that ``--percentile-metrics`` selected: ``mean_X_ms``, ``median_X_ms``, ``std_X_
 (%Y%m%d-%H%M%S, no zone), stored as given. ``--metadata tp=N`` (vLLM's own key=value metadata)
 gives the GPU count when ``--gpus`` is not given.
 
+Speculative decoding, when the server speculated (vLLM scrapes its spec_decode counters around the
+benchmark): ``spec_decode_num_drafts``, ``spec_decode_draft_tokens``, ``spec_decode_accepted_tokens``,
+``spec_decode_acceptance_length`` (1 + accepted / drafts) and ``spec_decode_acceptance_rate`` (a
+percentage of the draft tokens). The counts are used where present (the two figures follow from them
+exactly); the file's own figures otherwise.
+
 With ``--save-detailed`` the file also holds one entry per request: ``ttfts`` (s), ``itls`` (s, the
 gaps between content chunks), ``input_lens``, ``output_lens``, ``errors`` (empty when it succeeded)
 and, in newer versions, ``latencies`` (s) and ``start_times`` (s). These become the level's stored
@@ -59,6 +65,28 @@ def _gpus_from_metadata(doc: dict, path: Path) -> int | None:
     return None
 
 
+def speculation(doc: dict, path: Path) -> tuple[float | None, float | None]:
+    """(acceptance length, draft acceptance rate as a fraction) of a result file; (None, None) without
+    speculation."""
+    drafts = count(doc.get("spec_decode_num_drafts"), "spec_decode_num_drafts", path)
+    drafted = count(doc.get("spec_decode_draft_tokens"), "spec_decode_draft_tokens", path)
+    accepted = count(doc.get("spec_decode_accepted_tokens"), "spec_decode_accepted_tokens", path)
+    length = number(doc, "spec_decode_acceptance_length", path)
+    percent = number(doc, "spec_decode_acceptance_rate", path)
+    if drafts and accepted is not None:
+        length = 1.0 + accepted / drafts
+    if drafted and accepted is not None:
+        if accepted > drafted:
+            raise UserError(f"{path}: spec_decode_accepted_tokens ({accepted}) is more than "
+                            f"spec_decode_draft_tokens ({drafted})")
+        percent = 100.0 * accepted / drafted
+    if percent is not None and not 0 <= percent <= 100:
+        raise UserError(f"{path}: spec_decode_acceptance_rate is {percent:g}; vLLM writes a percentage (0..100)")
+    if length is not None and length < 1:
+        raise UserError(f"{path}: spec_decode_acceptance_length is {length:g}; a step yields at least one token")
+    return length, None if percent is None else percent / 100.0
+
+
 def read(path: Path, opts: ImportOptions) -> Level:
     doc = read_json(path)
     if "max_concurrency" not in doc or "completed" not in doc:
@@ -83,6 +111,7 @@ def read(path: Path, opts: ImportOptions) -> Level:
     output = number(doc, "output_throughput", path)
     latency = {metric: {stat: number(doc, f"{prefix}_{key}_ms", path) for stat, prefix in STATS.items()}
                for metric, key in METRICS.items()}
+    accept_len, accept_rate = speculation(doc, path)
     point = {
         "concurrency": conc, "num_prompts": completed + failed, "completed": completed,
         "failed": failed, "duration_s": number(doc, "duration", path),
@@ -91,6 +120,7 @@ def read(path: Path, opts: ImportOptions) -> Level:
         "tput_per_gpu": per_gpu(total, gpus), "output_tput_per_gpu": per_gpu(output, gpus),
         "input_tput_per_gpu": per_gpu(None if total is None or output is None else total - output, gpus),
         "interactivity": interactivity(latency["tpot_ms"]), **latency,
+        "spec_accept_len": accept_len, "spec_accept_rate": accept_rate,
         "extra": {"request_throughput": number(doc, "request_throughput", path),
                   "std_is_population": True},
     }

@@ -9,6 +9,15 @@ start) let tests check that the load generator reports them.
 
     python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
+With ``--queue-ms Q`` each request first waits Q ms as if queued, then its TTFT clock starts
+(the first token leaves Q + ttft_ms + prefill after arrival). With ``--metrics`` it serves /metrics
+with vLLM's per-request phase histograms (queue, prefill, decode, inference), observed from its own
+stamps just before each stream's usage and [DONE] go out, in buckets 2% wide, so a histogram read of
+them can be checked against the streams' records (``/stats?streams=1``). ``--spec-tokens K
+--spec-accept-len L`` adds vLLM's spec_decode counters as a speculating server would count a stream of
+n tokens: its n - 1 tokens after the first in ceil((n - 1) / L) steps (drafts) of K draft tokens each,
+every step's last token the target model's own (accepted = n - 1 - drafts).
+
 Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
 """
 
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import time
@@ -71,6 +81,10 @@ class ServerConfig:
     vocab_size: int = 0  # refuse prompts with token ids >= this, as a real model does (0: any id)
     root: str | None = None  # reported as the model's "root" in /v1/models (vLLM reports its model path)
     kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
+    queue_ms: float = 0.0  # each request waits this long, as queued, before its TTFT clock starts
+    metrics: bool = False  # serve /metrics: vLLM's queue/prefill/decode/inference histograms
+    spec_tokens: int = 0  # with metrics: count vLLM's spec_decode counters as if drafting this many per step
+    spec_accept_len: float = 0.0  # ... with each verification step yielding this many tokens on average
     slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
     slow_ms: float = 0.0  # added to the TTFT of those requests
 
@@ -85,6 +99,44 @@ class StreamRecord(NamedTuple):
     messages: int
     tokens: int
     prompt_tokens: int
+    scheduled: float = 0.0  # when its queue wait ended (arrived + queue_ms)
+
+
+# 0.5 ms to about 2 minutes, each bucket 2% wider than the one before: a quantile read from them is
+# off by at most 2% of its value
+_BUCKETS = tuple(round(0.0005 * 1.02 ** i, 9) for i in range(630))
+PHASES = {"queue": "request_queue_time_seconds", "prefill": "request_prefill_time_seconds",
+          "decode": "request_decode_time_seconds", "inference": "request_inference_time_seconds"}
+
+
+class _PhaseMetrics:
+    """vLLM's phase histograms in a registry of this server's own."""
+
+    def __init__(self, spec_tokens: int = 0, spec_accept_len: float = 0.0) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        self.hists = {phase: Histogram("vllm:" + name, f"{phase} time of a request", buckets=_BUCKETS,
+                                       registry=self.registry) for phase, name in PHASES.items()}
+        self.spec_tokens, self.spec_accept_len = spec_tokens, spec_accept_len
+        self.spec = {name: Counter("vllm:spec_decode_" + name, f"speculative decoding: {name}", registry=self.registry)
+                     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")} if spec_tokens else {}
+
+    def observe(self, rec: StreamRecord) -> None:
+        self.hists["queue"].observe(rec.scheduled - rec.arrived)
+        self.hists["prefill"].observe(rec.first_sent - rec.scheduled)
+        self.hists["decode"].observe(rec.last_sent - rec.first_sent)
+        self.hists["inference"].observe(rec.last_sent - rec.scheduled)
+        if self.spec and rec.tokens > 1:
+            steps = math.ceil((rec.tokens - 1) / self.spec_accept_len)
+            self.spec["num_drafts"].inc(steps)
+            self.spec["num_draft_tokens"].inc(steps * self.spec_tokens)
+            self.spec["num_accepted_tokens"].inc(rec.tokens - 1 - steps)
+
+    def render(self) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _tokenize(text: str) -> list[int]:
@@ -128,11 +180,13 @@ class TestServer:
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
+        self.phases = _PhaseMetrics(config.spec_tokens, config.spec_accept_len) if config.metrics else None
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
                 ("POST", "/v1/completions"): self.completions, ("POST", "/tokenize"): self.tokenize,
-                ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats}
+                ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats,
+                **({("GET", "/metrics"): self.metrics} if self.phases is not None else {})}
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -206,6 +260,9 @@ class TestServer:
             body["streams"] = [d._asdict() for d in done]
         return web.json_response(body)
 
+    async def metrics(self, request: web.BaseRequest) -> web.Response:
+        return self.phases.render()
+
     async def tokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
         ids = _prompt_ids(body.get("prompt", ""))
@@ -258,7 +315,8 @@ class TestServer:
     async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float, prompt_len: int, max_tokens: int,
                       include_usage: bool, n: int) -> None:
         cfg = self.config
-        first = arrived + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        scheduled = arrived + cfg.queue_ms / 1e3
+        first = scheduled + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
         if cfg.slow_every and n % cfg.slow_every == 0:
             first += cfg.slow_ms / 1e3
         gap = cfg.itl_ms / 1e3
@@ -289,8 +347,11 @@ class TestServer:
             message += 1
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
+        record = StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, scheduled)
         if len(self.done) < 1_000_000:
-            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len))
+            self.done.append(record)
+        if self.phases is not None:  # before the stream ends, so a scrape after the client's end sees it
+            self.phases.observe(record)
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
@@ -321,6 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
+    p.add_argument("--queue-ms", type=float, default=0.0, help="hold each request this long, as queued, "
+                   "before its TTFT clock starts")
+    p.add_argument("--metrics", action="store_true", help="serve /metrics with vLLM's queue, prefill, decode "
+                   "and inference histograms")
+    p.add_argument("--spec-tokens", type=int, default=0, help="with --metrics: count vLLM's spec_decode counters "
+                   "as if drafting K tokens per step")
+    p.add_argument("--spec-accept-len", type=float, default=0.0, help="with --spec-tokens: tokens each "
+                   "verification step yields (1..K+1)")
     p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
@@ -333,13 +402,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prefill_us_per_token=args.prefill_us_per_token, fail_status=args.fail_status, fail_every=args.fail_every,
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
-        vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, slow_every=args.slow_every,
-        slow_ms=args.slow_ms,
+        vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, queue_ms=args.queue_ms,
+        metrics=args.metrics, spec_tokens=args.spec_tokens, spec_accept_len=args.spec_accept_len,
+        slow_every=args.slow_every, slow_ms=args.slow_ms,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.spec_tokens and not 1.0 <= args.spec_accept_len <= args.spec_tokens + 1:
+        parser.error(f"--spec-accept-len must be from 1 to --spec-tokens + 1 ({args.spec_tokens + 1})")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 STAT_KEYS = ("mean", "median", "std", "p90", "p99", "p99.9")
 INTERACTIVITY_KEYS = ("median", "p90", "p99")
+# the server-side time split (k2bench.harness.telemetry.server_split): its phases and their statistics
+SERVER_PHASES = ("queue", "prefill", "decode", "inference")
+SPLIT_KEYS = ("mean", "median", "p99")
 
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
@@ -105,6 +108,9 @@ FIELDS: dict[str, Field] = {f.column: f for f in (
     Field("bad", "bad end", "First bad commit of the range"),
 )}
 LEVEL_TABLE_FIELDS: tuple[Field, ...] = (FIELDS["duration_s"],)
+# the gap between the client's and the server's TTFT (means): the way to the server and back, and the client
+TTFT_GAP = Field("ttft_gap_ms", "client - server", "Client TTFT mean - server TTFT (network and client)", "ms",
+                 decimals=1)
 
 
 def stat_column(group: str, key: str) -> str:
@@ -168,6 +174,21 @@ def _catalogue() -> tuple[Metric, ...]:
         Metric("queue_p50_ms", "Client queue time median (ms)", "queue p50", "ms", False, decimals=1),
         Metric("queue_p99_ms", "Client queue time p99 (ms)", "queue p99", "ms", False, decimals=1),
     ]
+    # what the server itself timed (its histograms over the measured window): beside the client's TTFT,
+    # not judged (the client's figures are); p50/p99 are off by at most a histogram bucket's width
+    out.append(Metric("server_ttft_ms", "Server TTFT: queue + prefill, means (ms)", "server TTFT = queue + prefill",
+                      "ms", False))
+    for phase in SERVER_PHASES:
+        for key in SPLIT_KEYS:
+            out.append(Metric(stat_column(f"server_{phase}_ms", key), f"Server {phase} time {key} (ms)",
+                              f"server {phase} {_stat_label(key)}", "ms", False))
+    # speculative decoding: per level from the server's counters; a drop in acceptance is a regression
+    out += [
+        Metric("spec_accept_len", "Acceptance length (tokens per verification step)", "accept len", "tok/step",
+               True, decimals=2, gate=True),
+        Metric("spec_accept_rate", "Draft acceptance rate (accepted / drafted tokens)", "draft accept", "ratio",
+               True, decimals=3, gate=True),
+    ]
     # against the run's SLO (k2bench.harness.measure.slo); tables show them when a level has them
     # (SLO_TABLE_METRICS). Each request's sample is whether it met the SLO: at one level, more good
     # requests means more attainment and more goodput.
@@ -184,6 +205,11 @@ def _catalogue() -> tuple[Metric, ...]:
 
 CATALOGUE: tuple[Metric, ...] = _catalogue()
 BY_COLUMN: dict[str, Metric] = {m.column: m for m in CATALOGUE}
+# The server-side split table (`k2bench show`, the dashboard's run page), after the client's TTFT mean,
+# the server's (queue + prefill) and their gap (TTFT_GAP): what the server timed and how it speculated.
+SPLIT_TABLE: tuple[Metric, ...] = tuple(BY_COLUMN[c] for c in (
+    "server_queue_ms_mean", "server_prefill_ms_mean", "server_queue_ms_p99", "server_prefill_ms_p99",
+    "server_decode_ms_median", "server_inference_ms_median", "spec_accept_len", "spec_accept_rate"))
 GATE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.gate)
 TABLE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.table)
 # the columns per-level tables add when they show a rate level

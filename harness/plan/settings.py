@@ -26,6 +26,7 @@ from k2bench.harness.plan.settings_text import (
     parse_evals,
     parse_rates,
     parse_tags,
+    parse_urls,
 )
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 
@@ -110,7 +111,7 @@ def _price(v: float) -> None:
 @dataclass(frozen=True)
 class Setting:
     """One sweep setting. ``kind`` is its type: int, float, str, bool (a switch), "conc" (levels),
-    "count" (N or Kx per level), "tags" or "evals" (repeatable flags: KEY=VALUE, TASK[@CONC]). ``attr`` is where the value lands in
+    "count" (N or Kx per level), "tags", "evals" or "urls" (repeatable flags: KEY=VALUE, TASK[@CONC], URL). ``attr`` is where the value lands in
     `SweepConfig` (dotted into ``rules.`` / ``telemetry.``); ``store`` replaces that when one value
     fills several fields. ``key`` is False for a setting a suite file may not carry."""
 
@@ -136,7 +137,8 @@ class Setting:
 
     def toml_types(self) -> tuple[type, ...]:
         return {int: (int,), float: (int, float), str: (str,), bool: (bool,), "conc": (str, int, list),
-                "count": (str, int), "rates": (str, int, float, list), "tags": (list,), "evals": (list,)}[self.kind]
+                "count": (str, int), "rates": (str, int, float, list), "tags": (list,), "evals": (list,),
+                "urls": (list, str)}[self.kind]
 
     def parse(self, raw: Any, name: str) -> Any:
         """The value of raw text or a TOML value, as the config holds it; UserError if malformed."""
@@ -150,6 +152,8 @@ class Setting:
             return parse_tags(raw, name)
         if self.kind == "evals":
             return parse_evals(raw, name)
+        if self.kind == "urls":
+            return parse_urls(raw, name)
         if self.kind is float:
             return float(raw)
         return raw
@@ -262,6 +266,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("gpu_hour_usd", float, "telemetry", "price of one GPU-hour for $ per million tokens (default: the "
       "shipped table's price for the recorded hardware, if it has one)", check=_via(_price),
       commands=SWEEP_ONLY, metavar="USD", attr="telemetry.gpu_hour_usd", example=2.5),
+    S("metrics_url", "urls", "telemetry", "scrape this Prometheus /metrics endpoint instead of the server's own "
+      "(repeatable: the prefill and decode workers of a disaggregated server; each sample is then labelled "
+      "with its instance, host:port)", commands=SWEEP_ONLY, key=False, metavar="URL",
+      attr="telemetry.metrics_urls", example="http://127.0.0.1:8100/metrics"),
     S("no_telemetry", bool, "telemetry", "read neither GPU power nor the server's /metrics", default=False,
       commands=SWEEP_ONLY, key=False, store=lambda off: {"telemetry.gpu": not off, "telemetry.server_metrics": not off},
       read=lambda cfg: not (cfg.telemetry.gpu or cfg.telemetry.server_metrics)),
@@ -298,7 +306,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
         kw: dict[str, Any] = {"dest": s.name, "default": None, "help": _help(s)}
         if s.kind is bool:
             kw["action"] = "store_true"
-        elif s.kind in ("tags", "evals"):
+        elif s.kind in ("tags", "evals", "urls"):
             kw["action"] = "append"
         elif s.kind in (int, float):
             kw["type"] = s.kind
@@ -408,6 +416,8 @@ def validate(cfg: Any) -> None:
     if len(given) > 1:
         raise UserError(f"give either --url (attach to a running server) or --engine / --server-cmd (launch "
                         f"one), not both ({' and '.join(given)})")
+    if cfg.telemetry.metrics_urls and not cfg.telemetry.server_metrics:
+        raise UserError("--metrics-url names servers to scrape, --no-telemetry scrapes none: give one of them")
     for s in SETTINGS:
         if s.name not in WORKLOAD_KEYS:  # the Workload checks its own lengths when it is made
             _check(s, _read(cfg, s), s.flag)

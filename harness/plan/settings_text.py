@@ -88,6 +88,25 @@ def parse_tags(items: list[str] | None, name: str = "--tag") -> dict[str, str]:
     return tags
 
 
+def parse_urls(items: list[str] | str, name: str = "--metrics-url") -> tuple[str, ...]:
+    """Repeatable URLs (http or https with a host), in the order given, each once."""
+    from urllib.parse import urlsplit
+
+    out: list[str] = []
+    for item in [items] if isinstance(items, str) else items:
+        url = str(item).strip()
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserError(f"{name} {item!r}: expected an http(s) URL with a host, e.g. http://10.0.0.2:8100/metrics")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise UserError(f"{name} {item!r}: the port is not a number") from None
+        if url not in out:
+            out.append(url)
+    return tuple(out)
+
+
 def parse_evals(items: list[str], name: str = "--eval") -> list[tuple[str, int | None]]:
     """'tiny-arith' -> ('tiny-arith', None); 'gsm8k@64' -> ('gsm8k', 64); 'none' alone -> nothing.
     The task names are checked against the task list (imported here, lazily)."""

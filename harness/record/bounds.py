@@ -8,8 +8,9 @@ strict JSON or that no server could have produced:
   most MAX_DEPTH deep, with integers inside the signed 64-bit range.
 - Any value, anywhere in a document (run.extra and tags included): finite numbers, 64-bit integers,
   strings without NUL or lone surrogates (PostgreSQL refuses both), at most MAX_DEPTH deep.
-- A level: durations > 0; latencies from 0 to MAX_LATENCY_MS; throughputs and interactivity from 0 to
-  MAX_TOKENS_PER_S; energy and cost figures >= 0.
+- A level: durations > 0; latencies (the client's and the server's split) from 0 to MAX_LATENCY_MS;
+  throughputs and interactivity from 0 to MAX_TOKENS_PER_S; energy and cost figures >= 0; an acceptance
+  length >= 1 (a verification step yields at least the target model's own token).
 
 MAX_TOKENS_PER_S is a physical bound, not a guess at today's best: at 2 FLOP per parameter per token,
 even a 100M-parameter model would need 2e16 FLOP/s to pass 10^8 tokens/s, more than any accelerator's
@@ -30,7 +31,8 @@ MAX_TOKENS_PER_S = 1e8  # per GPU (throughput) or per user (interactivity); see 
 MAX_LATENCY_MS = 7 * 24 * 3600 * 1000.0  # a week: no single request waits longer
 NAME_CAP = 200  # characters of a stored name (model, engine, branch, tag, ...): longer is refused
 
-LATENCY_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+LATENCY_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "server_queue_ms", "server_prefill_ms",
+                  "server_decode_ms", "server_inference_ms")
 RATE_FIELDS = ("tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu")
 NONNEG_FIELDS = ("j_per_token", "tokens_per_j", "usd_per_mtok", "usd_per_mtok_output", "pct_roofline")
 
@@ -130,3 +132,5 @@ def check_level(point: dict, where: str) -> None:
             _in_range(value, 0.0, MAX_LATENCY_MS, f"{where}.{name}.{key}")
     for name in NONNEG_FIELDS:
         _in_range(point.get(name), 0.0, math.inf, f"{where}.{name}")
+    _in_range(point.get("server_ttft_ms"), 0.0, MAX_LATENCY_MS, f"{where}.server_ttft_ms")
+    _in_range(point.get("spec_accept_len"), 1.0, math.inf, f"{where}.spec_accept_len")

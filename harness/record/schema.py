@@ -34,7 +34,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, Stri
 from sqlalchemy.types import TypeEngine
 
 from k2bench.errors import UserError
-from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, STAT_KEYS, stat_column
+from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, SPLIT_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
 SCHEMA_VERSION = 2
@@ -199,6 +199,17 @@ class Point:
                                      "in-flight cap, ms")
     pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
                                      "concurrency (run extra.roofline)")
+    # what the server timed and how its speculation fared (k2bench.harness.telemetry.server_split); absent:
+    # the server did not expose it. Statistics of a phase: mean (exact), median and p99 (within a bucket)
+    server_ttft_ms: float | None = col("float?", Float(), "server TTFT = mean queue + mean prefill time, ms")
+    server_queue_ms: dict | None = _stats("server queue time (queued to first scheduled), ms", SPLIT_KEYS)
+    server_prefill_ms: dict | None = _stats("server prefill time (first scheduled to first token), ms", SPLIT_KEYS)
+    server_decode_ms: dict | None = _stats("server decode time (first token to last token), ms", SPLIT_KEYS)
+    server_inference_ms: dict | None = _stats("server inference time (first scheduled to last token), ms",
+                                              SPLIT_KEYS)
+    spec_accept_len: float | None = col("float?", Float(), "speculative decoding: tokens per verification step "
+                                        "(1 + accepted / drafts)")
+    spec_accept_rate: float | None = col("ratio?", Float(), "speculative decoding: accepted / drafted tokens")
     # against the run's SLO (k2bench.harness.measure.slo); null when the run has none
     slo_attainment: float | None = col("ratio?", Float(), "share of measured requests that met the SLO")
     slo_attainment_low: float | None = col("ratio?", Float(), "lower end of its 95% Clopper-Pearson interval")

@@ -13,18 +13,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from k2bench.harness.telemetry import cost, gpu, power, roofline
+from k2bench.harness.telemetry import cost, gpu, power, roofline, server_split
 from k2bench.harness.telemetry import server_metrics as scrape
 
 
 @dataclass
 class TelemetryConfig:
-    """The sweep's telemetry settings; the CLI fills it (--no-telemetry, --gpu-ids, --gpu-hour-usd)."""
+    """The sweep's telemetry settings; the CLI fills it (--no-telemetry, --gpu-ids, --gpu-hour-usd,
+    --metrics-url)."""
 
     gpu: bool = True
     gpu_ids: str | None = None
     gpu_hour_usd: float | None = None
     server_metrics: bool = True
+    metrics_urls: tuple[str, ...] = ()  # where to scrape /metrics (default: the server under test)
     gpu_hz: float = power.DEFAULT_HZ
     metrics_hz: float = scrape.DEFAULT_HZ
 
@@ -59,12 +61,18 @@ class LevelTelemetry:
         if source is not None:
             self.sampler = power.GpuSampler(source, hz=cfg.gpu_hz)
             self.say(f"GPU telemetry: {source.vendor} {', '.join(f'{i} ({n})' for i, n in zip(source.ids, source.names, strict=True))}")
-        self.metrics = (scrape.ServerMetricsWindow(base_url, hz=cfg.metrics_hz, api_key=api_key)
-                        if cfg.server_metrics else None)
-        if self.metrics is None:
+        urls = cfg.metrics_urls or (base_url,)
+        # one window per server scraped, named by its instance (host:port; the whole URL where two share one)
+        names = [scrape.instance_of(u) for u in urls]
+        if len(set(names)) < len(names):
+            names = list(urls)
+        self.metrics = ({name: scrape.ServerMetricsWindow(u, hz=cfg.metrics_hz, api_key=api_key)
+                         for name, u in zip(names, urls, strict=True)} if cfg.server_metrics else {})
+        if not cfg.server_metrics:
             self._note("server_metrics", "server metrics off: --no-telemetry")
-        elif not self.metrics.probe():  # known before the run is recorded, so its notes are complete
-            self._note("server_metrics", self.metrics.note)
+        for instance, window in self.metrics.items():
+            if not window.probe():  # known before the run is recorded, so its notes are complete
+                self._note(f"server_metrics:{instance}" if len(urls) > 1 else "server_metrics", window.note)
         self.price, price_note = cost.resolve_price(cfg.gpu_hour_usd, hardware)
         self.price_source = price_note if self.price is not None else None
         if self.price is None:
@@ -81,31 +89,35 @@ class LevelTelemetry:
         self._gpu_window, self._server = None, None
         if self.sampler is not None:
             self.sampler.begin()
-        if self.metrics is not None and not self.metrics.begin() and self.metrics.note:
-            self._note("server_metrics", self.metrics.note)
+        for instance, window in self.metrics.items():
+            if not window.begin() and window.note:
+                self._note(f"server_metrics:{instance}" if len(self.metrics) > 1 else "server_metrics", window.note)
 
     def end(self) -> None:
         if self.sampler is not None:
             self._gpu_window = self.sampler.end()
-        if self.metrics is not None:
-            self._server = self.metrics.end()
+        ends = {instance: window.end() for instance, window in self.metrics.items()}
+        ends = {instance: end for instance, end in ends.items() if end is not None}
+        self._server = scrape.merge(ends) if ends else None
 
     def abort(self) -> None:
         """Close a window left open (the level failed or was interrupted), dropping its results;
         after a normal end() it does nothing."""
         gpu_open = self.sampler is not None and self.sampler.is_open
-        server_open = self.metrics is not None and self.metrics.is_open
+        server_open = any(window.is_open for window in self.metrics.values())
         if not (gpu_open or server_open):
             return
         if gpu_open:
             self.sampler.end()
-        if server_open:
-            self.metrics.end()
+        for window in self.metrics.values():
+            if window.is_open:
+                window.end()
         self._gpu_window, self._server = None, None
 
     def fields(self, point: dict) -> dict:
         """The level's `energy`, `cost` and `server_metrics` (each None when its source is off), and the
-        flat figures the metric catalogue follows (energy ones only from power_valid levels)."""
+        flat figures the metric catalogue follows (energy ones only from power_valid levels; the server's
+        time split and speculation where its metrics have them)."""
         energy = None
         if self._gpu_window is not None:
             total = (point.get("input_tokens") or 0) + (point.get("output_tokens") or 0)
@@ -114,7 +126,10 @@ class LevelTelemetry:
                                 self.price_source)
         valid = energy is not None and energy["power_valid"]
         share = roofline.level_share(self.roof, point)
-        return {"energy": energy, "cost": price, "server_metrics": self._server,
+        server = self._server
+        if server is not None:  # what the flat figures were read from: the buckets of each percentile
+            server = {**server, "split": server_split.phase_split(server), "speculation": server_split.speculation(server)}
+        return {"energy": energy, "cost": price, "server_metrics": server, **server_split.level_figures(server),
                 "j_per_token": energy["j_per_token"] if valid else None,
                 "tokens_per_j": energy["tokens_per_j"] if valid else None,
                 "usd_per_mtok": price["usd_per_mtok"] if price else None,

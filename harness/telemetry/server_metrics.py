@@ -5,7 +5,10 @@ scrape at its start and one at its end; gauges (KV-cache usage, running and wait
 are also scraped once a second in between and summarised as mean and max. Names stay as the
 server exposes them (``vllm:prompt_tokens_total``, ``k2bench_prompt_tokens_total``), with labels
 written Prometheus-style. Histograms and summaries contribute their ``_count`` and ``_sum``
-(deltas); buckets and quantiles are left out. A server without /metrics is noted once, not an error.
+(deltas); a histogram's buckets are kept as the window's bucket deltas (``histograms``, see
+k2bench.harness.telemetry.histograms), from which the server-side time split is read; a summary's
+quantiles are left out (they cannot be taken over a window). A server without /metrics is noted
+once, not an error.
 """
 
 from __future__ import annotations
@@ -15,21 +18,63 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from k2bench.harness.telemetry import histograms
 from k2bench.net import normalize_base_url
 
 DEFAULT_HZ = 1.0
-Scrape = dict[str, tuple[str, float]]  # sample key -> ("counter" | "gauge", value)
+Scrape = dict[str, tuple[str, float]]  # sample key -> ("counter" | "gauge" | "bucket", value)
 
 
 class ScrapeError(Exception):
     pass
 
 
-def metrics_url(base_url: str) -> str:
-    return normalize_base_url(base_url) + "/metrics"
+def metrics_url(url: str) -> str:
+    """The /metrics address of a server root (``http://h:p``, ``.../v1``), or ``url`` itself when it
+    already names the endpoint (``http://h:p/metrics``, a --metrics-url)."""
+    root = normalize_base_url(url)
+    return root if root.endswith("/metrics") else root + "/metrics"
+
+
+def instance_of(url: str) -> str:
+    """What Prometheus calls a target: host:port (a URL without a port keeps its scheme's default)."""
+    parts = urlsplit(normalize_base_url(url))
+    return parts.netloc or url
+
+
+def with_label(key: str, name: str, value: str) -> str:
+    """A sample key with one more label (a key without labels gets its first)."""
+    if key.endswith("}"):
+        return f'{key[:-1]},{name}="{value}"}}'
+    return f'{key}{{{name}="{value}"}}'
+
+
+def merge(windows: dict[str, dict]) -> dict:
+    """Several servers' windows (``--metrics-url`` given more than once: the prefill and decode workers
+    of one disaggregated server) as one, each sample labelled with its server's ``instance``. The gauge
+    timelines (``raw``) are the first server's, unlabelled, so the run page draws them as for one."""
+    if len(windows) == 1:
+        return next(iter(windows.values()))
+    out: dict = {"counters": {}, "gauges": {}, "histograms": {}, "instances": list(windows)}
+    notes = []
+    for instance, w in windows.items():
+        for part in ("counters", "gauges", "histograms"):
+            out[part].update({with_label(k, "instance", instance): v for k, v in (w.get(part) or {}).items()})
+        if w.get("note"):
+            notes.append(f"{instance}: {w['note']}")
+    out["scrapes"] = min(w.get("scrapes", 0) for w in windows.values())
+    first = next(iter(windows.values()))
+    if "raw" in first:
+        out["raw"] = first["raw"]
+    if notes:
+        out["note"] = "; ".join(notes)
+    if not out["histograms"]:
+        del out["histograms"]
+    return out
 
 
 def sample_key(name: str, labels: dict[str, str]) -> str:
@@ -40,7 +85,8 @@ def sample_key(name: str, labels: dict[str, str]) -> str:
 
 
 def parse(text: str) -> Scrape:
-    """Prometheus text exposition -> {sample key: (kind, value)}; counters include histogram counts/sums."""
+    """Prometheus text exposition -> {sample key: (kind, value)}; counters include histogram counts/sums,
+    and each histogram bucket is kept under `histograms.bucket_key` with kind "bucket"."""
     out: Scrape = {}
     try:
         families = list(text_string_to_metric_families(text))
@@ -52,6 +98,11 @@ def parse(text: str) -> Scrape:
                 continue  # a creation timestamp, not a quantity
             if fam.type == "counter":
                 kind = "counter"
+            elif fam.type == "histogram" and s.name.endswith("_bucket") and "le" in s.labels:
+                labels = {k: v for k, v in s.labels.items() if k != "le"}
+                key = histograms.bucket_key(sample_key(fam.name, labels), s.labels["le"])
+                out[key] = ("bucket", float(s.value))
+                continue
             elif fam.type in ("histogram", "gaugehistogram", "summary"):
                 if not s.name.endswith(("_count", "_sum")) or fam.type == "gaugehistogram":
                     continue
@@ -78,8 +129,9 @@ def scrape(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> Scra
 
 
 def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[float] | None = None) -> dict:
-    """Counters as deltas over the window; gauges as mean and max over every scrape that had them,
-    and, given the scrapes' times, each gauge's series (the run page's KV-usage and queue timelines)."""
+    """Counters and histogram buckets as deltas over the window; gauges as mean and max over every
+    scrape that had them, and, given the scrapes' times, each gauge's series (the run page's KV-usage
+    and queue timelines)."""
     counters: dict[str, float] = {}
     reset: list[str] = []
     for key, (kind, end) in sorted(last.items()):
@@ -97,6 +149,10 @@ def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[flo
                 series.setdefault(key, []).append(value)
     gauges = {k: {"mean": _clean(sum(v) / len(v)), "max": _clean(max(v))} for k, v in sorted(series.items())}
     out: dict = {"counters": counters, "gauges": gauges, "scrapes": 2 + len(middle)}
+    hists, broken = histograms.deltas(first, last)
+    if hists:
+        out["histograms"] = {k: d.to_json() for k, d in hists.items()}
+    reset += broken
     if times is not None and len(times) == out["scrapes"]:
         scrapes = (first, *middle, last)
         out["raw"] = {"t_s": [round(t - times[0], 3) for t in times],
@@ -109,9 +165,9 @@ def summarize(first: Scrape, last: Scrape, middle: list[Scrape], times: list[flo
 class ServerMetricsWindow:
     """Scrapes at begin(), once a second in a thread, and at end(); one instance per sweep."""
 
-    def __init__(self, base_url: str, hz: float = DEFAULT_HZ, api_key: str | None = None,
+    def __init__(self, url: str, hz: float = DEFAULT_HZ, api_key: str | None = None,
                  scrape_fn: Callable[[str], Scrape] | None = None):
-        self.url = metrics_url(base_url)
+        self.url = metrics_url(url)
         self.period = 1.0 / hz
         self._scrape = scrape_fn or (lambda url: scrape(url, api_key=api_key))
         self.note: str | None = None  # set once when the server has no usable /metrics

@@ -57,7 +57,18 @@ def telemetry(engine: str, c: int, point: dict) -> dict:
     assert energy["power_valid"], energy["reason"]
     return {"energy": energy, "cost": price, "server_metrics": server, "j_per_token": energy["j_per_token"],
             "tokens_per_j": energy["tokens_per_j"], "usd_per_mtok": price["usd_per_mtok"],
-            "usd_per_mtok_output": price["usd_per_mtok_output"]}
+            "usd_per_mtok_output": price["usd_per_mtok_output"], **server_split(c)}
+
+
+SERVER_TTFT_GAP_MS = 2.0  # the fixture's client TTFT is the server's (queue + prefill) plus this
+
+
+def server_split(c: int) -> dict:
+    """What the fixture's server timed: a quarter of its TTFT queued, the rest prefill."""
+    server = ttft_ms(c) - SERVER_TTFT_GAP_MS
+    queue, prefill = 0.25 * server, 0.75 * server
+    return {"server_ttft_ms": server, "server_queue_ms": {"mean": queue, "median": queue, "p99": queue},
+            "server_prefill_ms": {"mean": prefill, "median": prefill, "p99": prefill}}
 
 
 def ttft_ms(c: int) -> float:

@@ -55,7 +55,7 @@ def traces(fig: dict, name_part: str) -> list[dict]:
 
 TABLE_COLUMNS = {  # a column that only that page table has
     "frontier_table": "config", "history_table": "status", "compare_deltas": "tput_per_gpu Δ%",
-    "compare_matched": "concurrency A", "detail_levels": "output_tput_per_gpu",
+    "compare_matched": "concurrency A", "detail_levels": "output_tput_per_gpu", "detail_split": "ttft_gap_ms",
 }
 
 
@@ -395,6 +395,12 @@ def test_run_detail_power_clock_and_server_timelines(fixture, monkeypatch):
     tput = [fxdb.expected_tput("bundled", c, 1) for c in fxdb.LEVELS]
     assert list(levels["j_per_token"]) == pytest.approx([fxdb.watts("bundled", c) / t for c, t in zip(fxdb.LEVELS, tput, strict=True)])
     assert list(levels["usd_per_mtok"]) == pytest.approx([fxdb.PRICE / 3600 / t * 1e6 for t in tput])
+    # what the server timed, beside the client's TTFT: the gap is the fixture's, the split its quarters
+    split = page_table(at, "detail_split")
+    assert list(split["concurrency"]) == list(fxdb.LEVELS)
+    assert list(split["ttft_gap_ms"]) == pytest.approx([fxdb.SERVER_TTFT_GAP_MS] * len(fxdb.LEVELS))
+    assert list(split["server_queue_ms_mean"]) == pytest.approx(
+        [0.25 * (fxdb.ttft_ms(c) - fxdb.SERVER_TTFT_GAP_MS) for c in fxdb.LEVELS])
 
 
 def _n(fixture, run_id: int, c: int) -> int:

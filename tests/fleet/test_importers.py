@@ -42,6 +42,34 @@ def test_vllm_files_become_one_run_with_a_level_each(tmp_path, capsys) -> None:
     assert p4["duration_s"] == 20.0 and p4["input_tokens"] == 40 * 1024
 
 
+def test_vllm_speculative_decoding_figures_are_imported(tmp_path) -> None:
+    """A result file of a speculating server (EAGLE-3, 3 draft tokens): 1800 drafts, 5400 draft tokens,
+    3240 accepted -> 1 + 3240 / 1800 = 2.8 tokens per step, 3240 / 5400 = 0.6 of the drafts; vLLM writes
+    the rate as a percentage. A file without speculation keeps both null."""
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    spec = FIX / "vllm-eagle3-concurrency4-Qwen3-0.6B.json"
+    assert main(["import", "--from", "vllm", str(spec), "--db", db]) == 0
+    assert main(["import", "--from", "vllm", str(VLLM[0]), "--db", db]) == 0
+    with Store.open(db, readonly=True) as store:
+        (eagle,), (plain,) = (store.export_run(r["id"])["points"] for r in sorted(store.list_runs(), key=lambda r: r["id"]))
+        frame = store.points_frame()
+    assert eagle["spec_accept_len"] == pytest.approx(2.8) and eagle["spec_accept_rate"] == pytest.approx(0.6)
+    assert plain["spec_accept_len"] is None and plain["spec_accept_rate"] is None
+    assert list(frame["spec_accept_len"].dropna()) == pytest.approx([2.8])  # a stored column, for the gate
+
+
+def test_vllm_speculation_figures_out_of_range_are_refused(tmp_path) -> None:
+    raw = json.loads((FIX / "vllm-eagle3-concurrency4-Qwen3-0.6B.json").read_text())
+    for over, message in [({"spec_decode_accepted_tokens": 6000}, "more than spec_decode_draft_tokens"),
+                          ({"spec_decode_draft_tokens": None, "spec_decode_acceptance_rate": 0.6 * 100 * 2},
+                           "a percentage"),
+                          ({"spec_decode_num_drafts": None, "spec_decode_acceptance_length": 0.5}, "at least one")]:
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps({**raw, **over}))
+        with pytest.raises(UserError, match=message):
+            importers.to_documents("vllm", [path], importers.ImportOptions(gpus=1))
+
+
 def test_vllm_without_gpu_count_or_concurrency_is_refused(tmp_path, capsys) -> None:
     raw = json.loads(VLLM[0].read_text())
     del raw["tp"]

@@ -232,6 +232,14 @@ def test_metrics_count_each_request_and_token_in_prometheus_form(server):
     assert delta[p + "inter_token_latency_seconds_count"] == sum(n - 1 for n in lengths)
     # each request's end comes after its first token, so the sums keep that order
     assert delta[p + "e2e_request_latency_seconds_sum"] >= delta[p + "time_to_first_token_seconds_sum"] > 0
+    # vLLM's phases, one observation per request: queue + prefill is the server's TTFT (the same moments),
+    # prefill + decode its inference time
+    phase = {name: delta[f"{p}request_{name}_time_seconds_sum"] for name in ("queue", "prefill", "decode", "inference")}
+    for name in phase:
+        assert delta[f"{p}request_{name}_time_seconds_count"] == len(lengths), name
+    assert phase["queue"] + phase["prefill"] == pytest.approx(delta[p + "time_to_first_token_seconds_sum"], abs=1e-6)
+    assert phase["prefill"] + phase["decode"] == pytest.approx(phase["inference"], abs=1e-6)
+    assert phase["decode"] > 0 and phase["prefill"] > 0
     assert after[p + "num_requests_running"] == 0 and 0 <= after[p + "kv_cache_usage_perc"] <= 1
 
 

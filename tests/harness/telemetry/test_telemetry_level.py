@@ -94,7 +94,9 @@ def test_sources_that_are_off_give_null_fields_and_one_note_each(monkeypatch):
         tel.end()
         f = tel.fields({"input_tokens": 10, "output_tokens": 10, "tput_per_gpu": 5.0, "output_tput_per_gpu": 2.5})
         assert set(f) == {"energy", "cost", "server_metrics", "j_per_token", "tokens_per_j", "usd_per_mtok",
-                          "usd_per_mtok_output", "pct_roofline"}
+                          "usd_per_mtok_output", "pct_roofline", "server_ttft_ms", "server_queue_ms",
+                          "server_prefill_ms", "server_decode_ms", "server_inference_ms", "spec_accept_len",
+                          "spec_accept_rate"}
         assert all(v is None for v in f.values())
     tel.close()
     assert len(notes) == 3, notes  # GPU, price, /metrics: once each, not per level

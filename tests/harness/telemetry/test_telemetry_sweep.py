@@ -46,6 +46,13 @@ def test_a_bundled_engine_sweep_stores_the_servers_counters_energy_note_and_cost
         assert counters["k2bench_request_success_total"] == MEASURED
         assert counters["k2bench_time_to_first_token_seconds_count"] == MEASURED
         assert counters["k2bench_inter_token_latency_seconds_count"] == (OSL - 1) * MEASURED
+        # the engine's phase histograms hold exactly the measured requests; its TTFT (queue + prefill,
+        # from the moment the handler made the request) lies inside the client's
+        split = p["server_metrics"]["split"]
+        assert [split[phase]["count"] for phase in ("queue", "prefill", "decode", "inference")] == [MEASURED] * 4
+        assert 0 < p["server_ttft_ms"] < p["ttft_ms"]["mean"]
+        assert p["server_inference_ms"]["mean"] == pytest.approx(
+            p["server_prefill_ms"]["mean"] + p["server_decode_ms"]["mean"], rel=1e-3)
         # gauges are sampled once a second: a level this short may see only its idle ends
         kv = p["server_metrics"]["gauges"]["k2bench_kv_cache_usage_perc"]
         assert 0 <= kv["mean"] <= kv["max"] <= 1 and p["server_metrics"]["scrapes"] >= 2
