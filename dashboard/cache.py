@@ -28,6 +28,11 @@ def points(url: str, run_ids: tuple[int, ...], include_invalid: bool = False) ->
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def points_under_slo(url: str, run_ids: tuple[int, ...], slo: str, include_invalid: bool = False) -> pd.DataFrame:
+    return data.with_slo(store(url), points(url, run_ids, include_invalid), slo)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def requests(url: str, run_id: int, concurrency: int | None) -> pd.DataFrame:
     return store(url).requests_frame(run_id, concurrency=concurrency)
 

@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from k2bench.dashboard import data
+from k2bench.harness.measure.catalogue import attainment_text
+from k2bench.harness.measure.slo import Slo
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,14 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = False) -> go
 
 def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
                     reference: pd.DataFrame | None = None, log: bool = False,
-                    title: str | None = None, invalid: pd.DataFrame | None = None) -> go.Figure:
+                    title: str | None = None, invalid: pd.DataFrame | None = None,
+                    slo: Slo | None = None) -> go.Figure:
     """Every level as a point labelled with its concurrency; each group's frontier as a line.
 
     Levels without a value on either axis (no GPU telemetry, no price) are left out, and said so.
     ``invalid``: levels that do not count, drawn grey and unjoined with their reason on hover, so a
-    user can see what was measured and why it was left out without it touching any frontier."""
+    user can see what was measured and why it was left out without it touching any frontier.
+    ``slo``: its bounds drawn where the axes show them (slo_bounds); a level's attainment is on hover."""
     fig = go.Figure()
     drawn = levels.dropna(subset=[c for c in (view.x, view.y) if c in levels.columns])
     if view.y not in levels.columns or len(drawn) < len(levels):
@@ -89,7 +93,30 @@ def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
         _add_invalid(fig, invalid, view, by)
     if reference is not None and not reference.empty:
         _add_reference(fig, reference, view)
+    for axis, value, text in slo_bounds(view, slo):
+        add = fig.add_vline if axis == "x" else fig.add_hline
+        add(value, line_dash="dash", line_color=REGRESSION_COLOR, opacity=0.7, annotation_text=text,
+            annotation_position="top left" if axis == "x" else "bottom right", annotation_font_size=10)
     return _layout(fig, title or view.title, _label(view.x), _label(view.y), log)
+
+
+def slo_bounds(view: View, slo: Slo | None) -> list[tuple[str, float, str]]:
+    """(axis, value, label) of each SLO bound the view's axes can show.
+
+    A TPOT bound is a floor on tok/s/user (1000 / TPOT): a level left of it has a median request slower
+    than the bound. TTFT and E2E latency bounds are drawn on an axis of their median. Attainment counts
+    requests, not medians, so a point right of a line can still miss its target: hover shows it."""
+    if slo is None:
+        return []
+    axes = {"x": view.x, "y": view.y}
+    out = []
+    for name, bound in slo.bounds:
+        for axis, col in axes.items():
+            if name == "tpot_ms" and col == "interactivity_median":
+                out.append((axis, 1000.0 / bound, f"SLO TPOT ≤ {bound:g} ms: ≥ {1000.0 / bound:.4g} tok/s/user"))
+            elif col == f"{name[:-3]}_ms_median":
+                out.append((axis, bound, f"SLO {name} ≤ {bound:g}"))
+    return out
 
 
 def _add_invalid(fig: go.Figure, invalid: pd.DataFrame, view: View, by: str) -> None:
@@ -123,6 +150,14 @@ def _hover(grp: pd.DataFrame) -> list[str]:
         for col in ("tput_per_gpu", "interactivity_median", "ttft_ms_median", "e2el_ms_median"):
             if col in row and row[col] == row[col]:
                 bits.append(f"{_label(col)}: {row[col]:.4g}")
+        if row.get("slo_attainment") == row.get("slo_attainment"):  # not NaN: the level has SLO figures
+            if row.get("slo_attainment") is not None:
+                share, interval = attainment_text(row["slo_attainment"], _number(row.get("slo_attainment_low")),
+                                                  _number(row.get("slo_attainment_high")))
+                bits.append(f"SLO attainment: {share}" + ("" if interval == "-" else f" (95% CI {interval})"))
+                for col in ("goodput_rps", "goodput_per_gpu"):
+                    if _number(row.get(col)) is not None:
+                        bits.append(f"{_label(col)}: {row[col]:.4g}")
         if "commit" in row and row.get("commit"):
             bits.append(f"commit {str(row['commit'])[:10]} ({row.get('branch') or '-'})")
         if "run_id" in row:
@@ -131,6 +166,10 @@ def _hover(grp: pd.DataFrame) -> list[str]:
             bits.append(f"median of {int(row['runs'])} run(s)")
         out.append("<br>".join(bits))
     return out
+
+
+def _number(value) -> float | None:
+    return None if value is None or value != value else float(value)
 
 
 def _add_reference(fig: go.Figure, ref: pd.DataFrame, view: View) -> None:

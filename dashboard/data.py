@@ -69,6 +69,8 @@ _TIME_FIELDS = [s.name for s in schema.RUN if s.base == "time"]
 META_FIELDS = list(schema.RUN_SUMMARY_FIELDS)
 LEVEL_COLUMNS = ["concurrency", "valid", "completed", "failed", *(f.column for f in LEVEL_TABLE_FIELDS),
                  *(m.column for m in TABLE_METRICS), "invalid_reason"]
+# against an SLO (k2bench.harness.measure.slo): shown where a level has them
+SLO_COLUMNS = ["slo_attainment", "slo_attainment_low", "slo_attainment_high", "goodput_rps", "goodput_per_gpu"]
 
 
 def load_runs(store) -> pd.DataFrame:
@@ -181,8 +183,27 @@ def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def level_table(levels: pd.DataFrame) -> pd.DataFrame:
-    """The run page's per-level table (LEVEL_COLUMNS present in ``levels``), by concurrency."""
-    return levels[[c for c in LEVEL_COLUMNS if c in levels.columns]].sort_values("concurrency")
+    """The run page's per-level table (LEVEL_COLUMNS present in ``levels``, then the SLO figures where a
+    level has them), by concurrency."""
+    slo = [c for c in SLO_COLUMNS if c in levels.columns and levels[c].notna().any()]
+    return levels[[c for c in LEVEL_COLUMNS if c in levels.columns] + slo].sort_values("concurrency")
+
+
+def with_slo(store, points: pd.DataFrame, slo_text: str) -> pd.DataFrame:
+    """``points`` with every level's attainment and goodput under ``slo_text`` (stored figures where the
+    run was swept under it, else computed from the stored requests: k2bench.harness.analysis.slo_view)."""
+    from k2bench.harness.analysis.slo_view import with_slo as judged
+    from k2bench.harness.measure.slo import parse_slo
+
+    return judged(store, points, parse_slo(slo_text))
+
+
+def newest_slo(runs: pd.DataFrame) -> str:
+    """The SLO of the newest run that has one ("" when none does): what the SLO box starts with."""
+    if "slo" not in runs.columns:
+        return ""
+    given = runs[runs["slo"].map(_present)].sort_values("started_at")
+    return str(given["slo"].iloc[-1]) if len(given) else ""
 
 
 def split_table(levels: pd.DataFrame) -> pd.DataFrame | None:

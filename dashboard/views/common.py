@@ -5,7 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from k2bench.dashboard import data
+from k2bench.errors import UserError
 from k2bench.harness.measure.catalogue import BY_COLUMN, FIELDS, LEVEL_TABLE_FIELDS, TTFT_GAP
+from k2bench.harness.measure.slo import Slo, parse_slo
 
 _LEVEL_FIELDS = {f.column: f for f in (*LEVEL_TABLE_FIELDS, TTFT_GAP)}
 
@@ -65,3 +68,20 @@ def run_param_problem(wanted: str, all_runs: pd.DataFrame) -> str | None:
         return (f"Run {wanted} ({status}) has no finished concurrency level, so there is nothing to show. "
                 "Pick a run below.")
     return None
+
+
+SLO_HELP = ("NAME=MS bounds, e.g. ttft_ms=2000,tpot_ms=50 (names: ttft_ms, tpot_ms, e2el_ms, itl_p99_ms). Drawn "
+            "where the axes show them (a TPOT bound is a floor on tok/s/user); each point's attainment, with its "
+            "95% interval, is on hover, computed from the stored requests. Starts with the newest run's SLO.")
+
+
+def slo_input(container, runs: pd.DataFrame, key: str) -> Slo | None:
+    """The SLO box: the SLO the page judges by (None when empty or malformed; the error is shown)."""
+    text = container.text_input("SLO", value=data.newest_slo(runs), help=SLO_HELP, key=key).strip()
+    if not text:
+        return None
+    try:
+        return parse_slo(text)
+    except UserError as exc:
+        container.error(str(exc))
+        return None

@@ -7,12 +7,14 @@ import streamlit as st
 
 from k2bench.dashboard import charts, data, labels
 from k2bench.dashboard.reference import load_reference, matching
-from k2bench.dashboard.views.common import csv_download, table_columns
+from k2bench.dashboard.views.common import csv_download, slo_input, table_columns
 from k2bench.harness.analysis.mdsafe import md_text
+from k2bench.harness.measure.slo import Slo
 
 MODES = ("Latest run per configuration", "Median over runs in range")
 TABLE_COLUMNS = ["config", "concurrency", "tput_per_gpu", "interactivity_median", "ttft_ms_median",
-                 "tpot_ms_median", "e2el_ms_median", "tokens_per_j", "usd_per_mtok", "pct_roofline"]
+                 "tpot_ms_median", "e2el_ms_median", "tokens_per_j", "usd_per_mtok", "pct_roofline",
+                 "slo_attainment", "goodput_rps", "goodput_per_gpu"]
 
 
 def sidebar_filters(runs: pd.DataFrame) -> pd.DataFrame:
@@ -35,7 +37,7 @@ def runs_to_load(selected: pd.DataFrame, mode: str) -> tuple[int, ...]:
 
 
 def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFrame | None, log: bool,
-          invalid: pd.DataFrame | None = None):
+          invalid: pd.DataFrame | None = None, slo: Slo | None = None):
     """The page's table and figure from the selected runs' valid points (also timed by
     bench/dashboard_bench.py); ``invalid`` levels of those runs, when given, are drawn apart.
 
@@ -45,7 +47,8 @@ def build(points: pd.DataFrame, view_name: str, mode: str, reference: pd.DataFra
     levels = levels.assign(config=levels["config"].map(names))
     if invalid is not None:
         invalid = invalid.assign(config=invalid["config"].map(names))
-    fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log, invalid=invalid)
+    fig = charts.frontier_figure(levels, charts.VIEWS[view_name], reference=reference, log=log, invalid=invalid,
+                                 slo=slo)
     return levels, fig
 
 
@@ -72,13 +75,16 @@ def render(url: str, runs: pd.DataFrame) -> None:
     show_invalid = c3.checkbox("Show invalid levels", value=False, key="frontier_invalid",
                                help="Levels that do not count (failed or timed-out requests, wrong lengths), "
                                     "drawn grey and never part of a frontier; hover for the reason.")
+    slo = slo_input(st, selected, "frontier_slo")
     if selected.empty:
         st.warning("No runs match these filters.")
         return
-    points = cache.points(url, runs_to_load(selected, mode), include_invalid=show_invalid)
+    ids = runs_to_load(selected, mode)
+    points = (cache.points_under_slo(url, ids, slo.text, include_invalid=show_invalid) if slo else
+              cache.points(url, ids, include_invalid=show_invalid))
     points, invalid = split_valid(points) if show_invalid else (points, None)
     reference, hidden = matching(load_reference(), points) if show_ref else (None, [])
-    levels, fig = build(points, view_name, mode, reference, log, invalid)
+    levels, fig = build(points, view_name, mode, reference, log, invalid, slo)
     st.plotly_chart(fig, key="frontier_chart")
     n_runs = selected["run_id"].nunique()
     _, shared = labels.short_labels(points)
@@ -93,7 +99,8 @@ def render(url: str, runs: pd.DataFrame) -> None:
             st.caption(f"Reference: {name} — source: {src}")
     for note in hidden:
         st.caption(note)
-    cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns]
+    cols = [c for c in TABLE_COLUMNS + ["run_id", "commit", "branch", "runs"] if c in levels.columns
+            and not (c in data.SLO_COLUMNS and levels[c].isna().all())]
     table = levels[cols].sort_values(["config", "concurrency"]).reset_index(drop=True)
     if "run_id" in table.columns:  # each frontier point's run: its accuracy, marked against the threshold
         ids = tuple(sorted(int(i) for i in table["run_id"].dropna().unique()))

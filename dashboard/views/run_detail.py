@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, telemetry_charts
-from k2bench.dashboard.views.common import csv_download, run_param_problem, table_columns
+from k2bench.dashboard.views.common import csv_download, run_param_problem, slo_input, table_columns
 from k2bench.harness.analysis.mdsafe import md_text
 
 
@@ -45,7 +45,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
             st.json(meta["tags"])
 
     st.subheader("Per-level results")
-    levels = data.per_run_levels(cache.points(url, (int(run_id),), include_invalid=True))
+    slo = slo_input(st, runs[runs["run_id"] == run_id], "detail_slo")
+    levels = data.per_run_levels(cache.points_under_slo(url, (int(run_id),), slo.text, include_invalid=True) if slo
+                                 else cache.points(url, (int(run_id),), include_invalid=True))
     table = data.level_table(levels)
     st.dataframe(table, hide_index=True, column_config=table_columns(table), key="detail_levels")
     csv_download(table, f"run_{run_id}_levels", key="detail_levels_csv")

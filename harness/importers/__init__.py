@@ -40,6 +40,7 @@ class Level:
     run: dict  # run fields (without status and id)
     point: dict  # one k2bench point
     source: str  # file it came from
+    requests: list[dict] = field(default_factory=list)  # its requests (k2bench.run form), where the file has them
 
 
 def read_json(path: Path) -> dict:
@@ -110,13 +111,14 @@ def to_documents(source: str, paths: list[str | Path], opts: ImportOptions) -> l
         run["tags"] = {**(run.get("tags") or {}), **opts.tags, "imported_from": source}
         run["extra"] = {**(run.get("extra") or {}), "imported_files": [lv.source for lv in group]}
         trials: dict[int, int] = {}
-        points = []
+        points, requests = [], []
         for lv in group:
             conc = lv.point["concurrency"]
             points.append({**lv.point, "trial": trials.get(conc, 0)})
+            requests += [{**r, "trial": trials.get(conc, 0)} for r in lv.requests]
             trials[conc] = trials.get(conc, 0) + 1
         run["trials"] = max(trials.values())
-        docs.append(runjson.validate_doc(runjson.build_doc(run, points)))
+        docs.append(runjson.validate_doc(runjson.build_doc(run, points, requests or None)))
     return docs
 
 

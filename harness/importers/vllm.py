@@ -13,10 +13,19 @@ benchmark): ``spec_decode_num_drafts``, ``spec_decode_draft_tokens``, ``spec_dec
 ``spec_decode_acceptance_length`` (1 + accepted / drafts) and ``spec_decode_acceptance_rate`` (a
 percentage of the draft tokens). The counts are used where present (the two figures follow from them
 exactly); the file's own figures otherwise.
+
+With ``--save-detailed`` the file also holds one entry per request: ``ttfts`` (s), ``itls`` (s, the
+gaps between content chunks), ``input_lens``, ``output_lens``, ``errors`` (empty when it succeeded)
+and, in newer versions, ``latencies`` (s) and ``start_times`` (s). These become the level's stored
+requests, stamped from a send at 0 (or the start time): first chunk at ttft, each later chunk an itl
+after the one before, the last at the latency where the file has it. So SLO attainment and goodput
+can be computed after the import by vLLM's own rule (k2bench.harness.measure.slo). vLLM does not keep
+the output length a request asked for: its output length stands in for it.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -119,4 +128,69 @@ def read(path: Path, opts: ImportOptions) -> Level:
                    started_at=_date(doc, path), tp=_gpus_from_metadata(doc, path),
                    extra={"vllm_backend": doc.get("backend") or doc.get("endpoint_type"),
                           "vllm_label": doc.get("label"), "request_rate": doc.get("request_rate")})
-    return Level(run=run, point=point, source=str(path))
+    requests = _requests(doc, conc, path)
+    if "request_goodput" in doc:
+        point["extra"]["request_goodput"] = number(doc, "request_goodput", path)
+    return Level(run=run, point=point, source=str(path), requests=requests)
+
+
+def _per_request(doc: dict, key: str, n: int, path: Path) -> list | None:
+    values = doc.get(key)
+    if values is None or (isinstance(values, list) and not values):
+        return None
+    if not isinstance(values, list) or len(values) != n:
+        raise UserError(f"{path}: {key} must be a list of {n} entries (one per request, as ttfts), "
+                        f"not {values!r:.80}")
+    return values
+
+
+def _seconds(value, key: str, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise UserError(f"{path}: {key} must hold finite numbers of seconds >= 0, not {value!r:.80}")
+    return float(value)
+
+
+def _requests(doc: dict, conc: int, path: Path) -> list[dict]:
+    """The per-request entries of a --save-detailed file as k2bench.run requests ([] when it has none)."""
+    ttfts = doc.get("ttfts")
+    if not ttfts:
+        return []
+    if not isinstance(ttfts, list):
+        raise UserError(f"{path}: ttfts must be a list")
+    n = len(ttfts)
+    itls = _per_request(doc, "itls", n, path)
+    outs = _per_request(doc, "output_lens", n, path)
+    if itls is None or outs is None:
+        raise UserError(f"{path}: ttfts without itls and output_lens: the per-request data is incomplete")
+    ins = _per_request(doc, "input_lens", n, path)
+    errors = _per_request(doc, "errors", n, path)
+    latencies = _per_request(doc, "latencies", n, path)
+    starts = _per_request(doc, "start_times", n, path)
+    out = []
+    for i in range(n):
+        error = str(errors[i]) if errors and errors[i] else None
+        output_len = count(outs[i], f"output_lens[{i}]", path)
+        success = error is None and output_len is not None and output_len > 0
+        send_ns = round(_seconds(starts[i], f"start_times[{i}]", path) * 1e9) if starts else 0
+        stamps_s: list[float] = []
+        if success:
+            gaps = itls[i] if isinstance(itls[i], list) else None
+            if gaps is None:
+                raise UserError(f"{path}: itls[{i}] must be a list of seconds")
+            t = _seconds(ttfts[i], f"ttfts[{i}]", path)
+            stamps_s = [t]
+            for gap in gaps:
+                t += _seconds(gap, f"itls[{i}]", path)
+                stamps_s.append(t)
+            if latencies:  # vLLM's own latency: the last chunk, without the rounding of a sum of gaps
+                stamps_s[-1] = _seconds(latencies[i], f"latencies[{i}]", path)
+        token_ns = [round(s * 1e9) for s in stamps_s]
+        deltas = [b - a for a, b in zip([0, *token_ns], token_ns, strict=False)]
+        input_len = count(ins[i], f"input_lens[{i}]", path) if ins else None
+        out.append({"concurrency": conc, "index": i, "warmup": False,
+                    "requested_input_tokens": input_len or 0, "requested_output_tokens": output_len or 0,
+                    "send_ns": send_ns, "end_ns": send_ns + token_ns[-1] if token_ns else None,
+                    "token_delta_ns": deltas, "prompt_tokens": input_len,
+                    "output_tokens": output_len if success else None, "success": success,
+                    "error": error or (None if success else "no output")})
+    return out

@@ -85,6 +85,8 @@ class ServerConfig:
     metrics: bool = False  # serve /metrics: vLLM's queue/prefill/decode/inference histograms
     spec_tokens: int = 0  # with metrics: count vLLM's spec_decode counters as if drafting this many per step
     spec_accept_len: float = 0.0  # ... with each verification step yielding this many tokens on average
+    slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
+    slow_ms: float = 0.0  # added to the TTFT of those requests
 
 
 class StreamRecord(NamedTuple):
@@ -315,6 +317,8 @@ class TestServer:
         cfg = self.config
         scheduled = arrived + cfg.queue_ms / 1e3
         first = scheduled + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        if cfg.slow_every and n % cfg.slow_every == 0:
+            first += cfg.slow_ms / 1e3
         gap = cfg.itl_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
@@ -386,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "as if drafting K tokens per step")
     p.add_argument("--spec-accept-len", type=float, default=0.0, help="with --spec-tokens: tokens each "
                    "verification step yields (1..K+1)")
+    p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -398,6 +404,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, queue_ms=args.queue_ms,
         metrics=args.metrics, spec_tokens=args.spec_tokens, spec_accept_len=args.spec_accept_len,
+        slow_every=args.slow_every, slow_ms=args.slow_ms,
     )
 
 

@@ -145,6 +145,8 @@ class Run:
                                "duration_s, seed (null for a closed-loop run)", fingerprint=True)
     profile: dict | None = col("dict?", JSON(), "the profiled pass (--profile-level): concurrency, requests, "
                                "completed, the server's trace path and kernel-time summary, or why there is none")
+    slo: str | None = col("str?", String(255), "the SLO its levels' attainment and goodput were computed "
+                          "against (k2bench.harness.measure.slo; null: none given)")
 
 
 @dataclass
@@ -210,6 +212,14 @@ class Point:
     spec_accept_len: float | None = col("float?", Float(), "speculative decoding: tokens per verification step "
                                         "(1 + accepted / drafts)")
     spec_accept_rate: float | None = col("ratio?", Float(), "speculative decoding: accepted / drafted tokens")
+    # against the run's SLO (k2bench.harness.measure.slo); null when the run has none
+    slo_attainment: float | None = col("ratio?", Float(), "share of measured requests that met the SLO")
+    slo_attainment_low: float | None = col("ratio?", Float(), "lower end of its 95% Clopper-Pearson interval")
+    slo_attainment_high: float | None = col("ratio?", Float(), "upper end of its 95% Clopper-Pearson interval")
+    slo_met: int | None = col("nonneg_int?", Integer(), "measured requests that met the SLO")
+    goodput_rps: float | None = col("float?", Float(), "requests that met the SLO / duration, req/s")
+    goodput_per_gpu: float | None = col("float?", Float(), "(input + output tokens of the requests that met "
+                                        "the SLO) / duration / GPUs")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")

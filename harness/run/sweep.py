@@ -24,6 +24,7 @@ from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.slo import attainment, parse_slo
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
@@ -74,6 +75,7 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+    slo: str | None = None  # SLO text (k2bench.harness.measure.slo): each level's attainment and goodput
     rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s (inf: all at once)
     burstiness: float = settings.default("burstiness")  # gamma shape of the gaps (1 = Poisson)
     max_inflight: int | None = None  # rate levels: cap on requests in flight
@@ -242,6 +244,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
+    slo = parse_slo(cfg.slo) if cfg.slo else None
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
@@ -315,6 +318,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     if rate is not None:
                         point.update(openloop.level_figures(records, rate))
                     point.update(tel.fields(point))
+                    if slo is not None:
+                        point.update(attainment(records, slo, duration_s=point["duration_s"],
+                                                num_gpus=meta["num_gpus"]).fields())
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
@@ -404,6 +410,7 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
         "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
         "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes, "arrival": cfg.arrival(),
+        "slo": parse_slo(cfg.slo).text if cfg.slo else None,  # canonical: equal SLOs read the same
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
                   "request_model": request_model, "prompt_mode": w.mode,
                   "vocabulary": vocab.source if vocab else None, "versions": provenance.versions(),
