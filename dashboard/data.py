@@ -179,7 +179,10 @@ def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
     agg = over_trials(df, numeric, keys).set_index(keys)
     first_cols = [c for c in df.columns if c not in numeric and c not in keys and c != "trial"]
     first = df.groupby(keys, sort=False)[first_cols].first()
-    return agg.join(first).reset_index()
+    out = agg.join(first).reset_index()
+    # levels in load order (closed by concurrency, then rate levels by rate), not by their label's text
+    order = [c for c in ("run_id", "mode", "rate", "concurrency") if c in out.columns]
+    return out.sort_values(order, kind="stable", na_position="first").reset_index(drop=True)
 
 
 def level_table(levels: pd.DataFrame) -> pd.DataFrame:

@@ -139,7 +139,7 @@ def test_run_detail_says_when_the_run_in_the_address_cannot_be_shown(fixture, mo
 def _history(fixture, monkeypatch, engine: str, conc: int) -> AppTest:
     at = open_page(fixture.url, "History", monkeypatch)
     at.selectbox(key="history_config").set_value(fixture.fingerprints[engine]).run()
-    at.selectbox(key="history_conc").set_value(conc).run()
+    at.selectbox(key="history_conc").set_value(f"c{conc}").run()
     at.selectbox(key="history_metric").set_value("tput_per_gpu").run()
     return at
 

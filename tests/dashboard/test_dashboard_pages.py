@@ -230,7 +230,7 @@ def test_frontier_median_mode_pools_runs(fixture, monkeypatch):
 def test_history_marks_the_regression(fixture, monkeypatch):
     at = open_page(fixture.url, "History", monkeypatch)
     at.selectbox(key="history_config").set_value(fixture.fingerprints["bundled"]).run()
-    at.selectbox(key="history_conc").set_value(32).run()
+    at.selectbox(key="history_conc").set_value("c32").run()
     at.selectbox(key="history_metric").set_value("tput_per_gpu").run()
     (fig,) = figures(at)
     assert fig["layout"]["yaxis"]["title"]["text"] == "Throughput (tok/s/GPU)"
@@ -246,7 +246,7 @@ def test_history_marks_the_regression(fixture, monkeypatch):
     (err,) = at.error
     assert "1 regression(s) flagged" in err.value and f"{rel:+.1f}%" in err.value
     # other levels have no change point recorded
-    at.selectbox(key="history_conc").set_value(4).run()
+    at.selectbox(key="history_conc").set_value("c4").run()
     assert not at.error
     assert not traces(figures(at)[0], "change point")
 
@@ -255,7 +255,7 @@ def test_history_marks_the_bisected_culprit_and_links_commits(fixture, monkeypat
     monkeypatch.setenv("K2BENCH_COMMIT_URL", "https://git.example/k2/commit/{commit}")
     at = open_page(fixture.url, "History", monkeypatch)
     at.selectbox(key="history_config").set_value(fixture.fingerprints["bundled"]).run()
-    at.selectbox(key="history_conc").set_value(32).run()
+    at.selectbox(key="history_conc").set_value("c32").run()
     at.selectbox(key="history_metric").set_value("tput_per_gpu").run()
     (fig,) = figures(at)
     (cross,) = traces(fig, "culprit (bisected)")
@@ -267,7 +267,7 @@ def test_history_marks_the_bisected_culprit_and_links_commits(fixture, monkeypat
     assert list(culprits["first_bad"]) == [f"https://git.example/k2/commit/{fxdb.CULPRIT}"]
     assert list(culprits["bad"]) == [fxdb.COMMITS[-1]] and list(culprits["good"]) == [fxdb.COMMITS[-2]]
     # another metric or level has no culprit, and without a URL template commits stay plain
-    at.selectbox(key="history_conc").set_value(4).run()
+    at.selectbox(key="history_conc").set_value("c4").run()
     assert not traces(figures(at)[0], "culprit")
     monkeypatch.delenv("K2BENCH_COMMIT_URL")
     at = open_page(fixture.url, "History", monkeypatch)
@@ -484,7 +484,7 @@ def test_pages_on_postgresql(pg_fixture, monkeypatch):
 
     at = open_page(pg_fixture.url, "History", monkeypatch)
     at.selectbox(key="history_config").set_value(pg_fixture.fingerprints["bundled"]).run()
-    at.selectbox(key="history_conc").set_value(32).run()
+    at.selectbox(key="history_conc").set_value("c32").run()
     assert traces(figures(at)[0], "change point (regression)")
 
     at = open_page(pg_fixture.url, "Compare", monkeypatch)
