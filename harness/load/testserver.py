@@ -7,6 +7,19 @@ one. Deadlines are absolute (request arrival + offset), so a late wake-up does n
 later token back. Failure modes (400s, streams that end early, a wrong usage count, a slow
 start) let tests check that the load generator reports them.
 
+A load model (all off by default) makes latency grow with load, so that the capacity of the server
+at a given SLO can be computed by hand (docs/concepts.md, "The test server's load model"):
+
+- ``running`` is the number of streams admitted and not yet finished. With ``--max-running K`` a
+  request that arrives while K streams run waits, first come first served, until one finishes;
+  that queue time is part of its TTFT.
+- The first token leaves ``(ttft_ms + ttft_slope_ms x running) x slower`` after admission, counting
+  the request itself in ``running``; each later message leaves ``(itl_ms + itl_slope_ms x running) x
+  slower`` after the previous one's deadline, with ``running`` read when that gap starts.
+- ``--slower F`` multiplies every time above (a build made F times slower, for regression tests).
+
+So a closed loop of C <= K requests in flight sees TPOT = (itl_ms + itl_slope_ms x C) x slower.
+
     python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
 Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -71,6 +85,11 @@ class ServerConfig:
     vocab_size: int = 0  # refuse prompts with token ids >= this, as a real model does (0: any id)
     root: str | None = None  # reported as the model's "root" in /v1/models (vLLM reports its model path)
     kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
+    # the load model (see the module docstring): latency grows with the streams running
+    itl_slope_ms: float = 0.0  # added to each gap per running stream
+    ttft_slope_ms: float = 0.0  # added to TTFT per running stream (the request itself included)
+    max_running: int = 0  # admit at most this many streams; later ones queue (0: no cap)
+    slower: float = 1.0  # multiply every time of the model (ttft, itl, their slopes, prefill)
 
 
 class StreamRecord(NamedTuple):
@@ -83,6 +102,8 @@ class StreamRecord(NamedTuple):
     messages: int
     tokens: int
     prompt_tokens: int
+    admitted: float = 0.0  # when it left the --max-running queue (== arrived when it did not wait)
+    running: int = 0  # streams running when it was admitted, itself included
 
 
 def _tokenize(text: str) -> list[int]:
@@ -123,6 +144,8 @@ class TestServer:
         self.requests = 0
         self.active = 0
         self.max_active = 0
+        self.running = 0  # streams admitted by the load model and not finished
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()  # the --max-running queue
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
@@ -248,25 +271,61 @@ class TestServer:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            await self._stream(resp, request.transport, arrived, len(prompt), max_tokens, include_usage, n)
+            admitted = await self._admit(arrived)
+            try:
+                await self._stream(resp, request.transport, arrived, admitted, len(prompt), max_tokens,
+                                   include_usage, n)
+            finally:
+                self._release()
         finally:
             self.active -= 1
         return resp
 
-    async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float, prompt_len: int, max_tokens: int,
-                      include_usage: bool, n: int) -> None:
+    async def _admit(self, arrived: float) -> float:
+        """Wait for a running slot under --max-running (first come, first served); when admitted."""
+        cap = self.config.max_running
+        if cap and (self.running >= cap or self.waiting):
+            turn = asyncio.get_running_loop().create_future()
+            self.waiting.append(turn)
+            try:
+                await turn  # _release hands this request the slot it frees: running is not decremented
+            except asyncio.CancelledError:
+                if turn in self.waiting:
+                    self.waiting.remove(turn)
+                elif turn.done() and not turn.cancelled():  # it was handed a slot: pass it on
+                    self._release()
+                raise
+            return time.monotonic()
+        self.running += 1
+        return arrived
+
+    def _release(self) -> None:
+        """A stream ended: its slot goes to the oldest waiting request, else becomes free."""
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.running -= 1
+
+    async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float,
+                      admitted: float, prompt_len: int, max_tokens: int, include_usage: bool, n: int) -> None:
         cfg = self.config
-        first = arrived + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
-        gap = cfg.itl_ms / 1e3
+        f = cfg.slower
+        running_at_admission = self.running
+        first = admitted + f * ((cfg.ttft_ms + cfg.ttft_slope_ms * self.running) / 1e3
+                                + prompt_len * cfg.prefill_us_per_token / 1e6)
         k = max(cfg.tokens_per_message, 1)
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
         sent = 0
         message = 0
         first_sent = 0.0
         late_ms = self.late_ms
+        due = first
         while sent < max_tokens:
             count = min(k, max_tokens - sent)
-            due = first + message * gap
+            if message:  # the gap starts at the previous deadline, priced at the streams running now
+                due += f * (cfg.itl_ms + cfg.itl_slope_ms * self.running) / 1e3
             # uvloop's timers count whole milliseconds and may wake a little early: sleep again
             # until the deadline has really passed, so the configured timing is a floor
             while (delay := due - time.monotonic()) > 0:
@@ -286,7 +345,8 @@ class TestServer:
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         if len(self.done) < 1_000_000:
-            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len))
+            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, admitted,
+                                          running_at_admission))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
@@ -317,6 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
+    p.add_argument("--itl-slope-ms", type=float, default=0.0, help="load model: each gap grows this much per "
+                   "running stream")
+    p.add_argument("--ttft-slope-ms", type=float, default=0.0, help="load model: TTFT grows this much per "
+                   "running stream")
+    p.add_argument("--max-running", type=int, default=0, help="load model: streams served at once; later "
+                   "requests queue, and the wait is part of their TTFT (0: no cap)")
+    p.add_argument("--slower", type=float, default=1.0, help="multiply every time of the model (a slower build)")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -328,11 +395,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after,
+        itl_slope_ms=args.itl_slope_ms, ttft_slope_ms=args.ttft_slope_ms, max_running=args.max_running,
+        slower=args.slower,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.slower <= 0 or args.max_running < 0 or args.itl_slope_ms < 0 or args.ttft_slope_ms < 0:
+        parser.error("--slower must be positive; --max-running, --itl-slope-ms and --ttft-slope-ms not negative")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run
