@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +108,19 @@ class LevelEvents:
     level_start: Callable[[int, int, int], Callable[[RequestRecord], None] | None] | None = None  # conc, trial, total
     level_done: Callable[[dict], None] | None = None
     message: Callable[[str], None] | None = None
+    # a stored level with its records (the capacity search judges each probe by its requests)
+    level_records: Callable[[dict, list[RequestRecord]], None] | None = None
+    run_extra: Callable[[], dict] | None = None  # keys merged into the run's extra before it is finished
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level to measure; counts left None come from the config (prompts_for / warmup_for)."""
+
+    concurrency: int
+    trial: int = 0
+    num_prompts: int | None = None
+    warmup: int | None = None
 
 
 # Exit codes of `k2bench sweep` (and the meaning of SweepResult.exit_code)
@@ -204,9 +217,11 @@ def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir
         tel.close()
 
 
-def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
+def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterable[Level] | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
-    a sweep that measured nothing leaves nothing behind."""
+    a sweep that measured nothing leaves nothing behind. ``plan`` replaces the config's levels x trials
+    with levels chosen as the sweep goes (the capacity search: the next is asked for once the last is
+    stored)."""
     from k2bench.harness.measure.metrics import summarize_level
     from k2bench.harness.store import Store
     from k2bench.harness.store.heartbeat import Heartbeat
@@ -233,8 +248,12 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
-            for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
-                n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
+            if plan is None:
+                plan = [Level(c, t) for c in cfg.levels for t in range(cfg.trials)]
+            for level in plan:
+                conc, trial = level.concurrency, level.trial
+                n = cfg.prompts_for(conc) if level.num_prompts is None else level.num_prompts
+                warm = cfg.warmup_for(conc) if level.warmup is None else level.warmup
                 # one distinct prompt per request, warmup included: a server with prefix caching
                 # must not get measured requests it has already seen
                 prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
@@ -272,6 +291,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     result.points.append(point)
                     if events.level_done:
                         events.level_done(point)
+                    if events.level_records:
+                        events.level_records(point, records)
                 if watch.server_down:
                     result.exit_code = EXIT_SERVER
                     result.problem = f"concurrency {conc}: {watch.stopped}"
@@ -290,6 +311,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
             if result.status != "complete":
                 result.status = "partial" if any(p["valid"] for p in result.points) else "failed"
             if result.run_id is not None:
+                if events.run_extra:
+                    store.update_run_extra(result.run_id, events.run_extra())
                 store.finish_run(result.run_id, result.status)
                 if cfg.json_path:
                     from k2bench.harness.record import runjson
