@@ -1,0 +1,75 @@
+"""`k2bench capacity` against the test server's load model, whose capacity is computed here by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from k2bench.harness.cli import main
+from k2bench.harness.store import Store
+
+# The load model (harness/load/testserver.py): with C requests in flight and no --max-running cap, every
+# gap is (ITL + SLOPE x C) x slower, so a closed loop's TPOT is that too.
+TTFT, ITL, SLOPE, OSL = 5.0, 2.0, 2.0, 16
+TPOT_BOUND = 43.0  # half a step above C = 20: a 20-request loop has TPOT 42 ms, a 21-request loop 44 ms
+
+
+def hand_capacity(bound: float, slower: float = 1.0) -> int:
+    """The largest C with (ITL + SLOPE x C) x slower <= bound."""
+    return math.floor((bound / slower - ITL) / SLOPE)
+
+
+def capacity_argv(db: str, *extra: str, slower: float = 1.0) -> list[str]:
+    server = f"--ttft-ms {TTFT} --itl-ms {ITL} --itl-slope-ms {SLOPE} --slower {slower}"
+    return ["capacity", "--engine", "testserver", f"--server-args={server}", "--isl", "8", "--osl", str(OSL),
+            "--slo", f"tpot_ms={TPOT_BOUND}", "--by", "concurrency", "--num-prompts", "2x", "--warmup", "1x",
+            "--no-telemetry", "--db", db, *extra]
+
+
+def stored_capacity(db: str) -> tuple[dict, list[dict]]:
+    with Store.open(db, readonly=True) as store:
+        (run,) = store.list_runs()
+        doc = store.export_run(run["id"])
+    return doc["run"]["extra"]["capacity"], doc["points"]
+
+
+def test_capacity_by_concurrency_is_the_hand_computed_one(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    out = tmp_path / "run.json"
+    code = main(capacity_argv(db, "--json", str(out)))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    expected = hand_capacity(TPOT_BOUND)
+    assert expected == 20
+    cap, points = stored_capacity(db)
+    assert abs(cap["capacity"] - expected) <= 0.1 * expected
+    assert len(cap["probes"]) <= 8 and cap["status"] == "bracketed"
+    # each probe is a stored level of the one run, judged by its own requests
+    assert sorted(p["load"] for p in cap["probes"]) == [p["concurrency"] for p in points]  # stored by level
+    assert cap["below"]["attainment"] >= 0.99 and cap["above"]["attainment"] < 0.99
+    assert cap["below"]["low"] <= cap["below"]["attainment"] <= cap["below"]["high"]
+    # goodput at capacity: every request of the probe met the SLO, so it is the probe's throughput
+    at_cap = next(p for p in points if p["concurrency"] == cap["capacity"])
+    assert cap["goodput_per_gpu"] == pytest.approx(at_cap["tput_per_gpu"], rel=1e-9)
+    assert f"capacity {cap['capacity']:g} requests in flight" in captured.out
+    assert "probe 1/8: concurrency 4" in captured.err  # progress while probing
+    assert json.loads(out.read_text())["run"]["extra"]["capacity"] == cap
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--slo", "tpot=5"], "unknown metric 'tpot'"),
+    (["--slo", "tpot_ms=-1"], "tpot_ms must be a finite number"),
+    (["--target", "1.5"], "--target must be a fraction"),
+    (["--max-probes", "1"], "--max-probes must be at least 2"),
+    (["--isl", "0"], "--isl must be at least 1"),
+])
+def test_bad_input_is_a_clear_error_and_stores_nothing(tmp_path, capsys, argv: list[str], message: str) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main([*capacity_argv(db), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    if (tmp_path / "k.db").exists():
+        with Store.open(db, readonly=True) as store:
+            assert store.list_runs() == []
