@@ -8,6 +8,7 @@ import math
 import pytest
 
 from k2bench.harness.cli import main
+from k2bench.harness.servers import launch
 from k2bench.harness.store import Store
 
 # The load model (harness/load/testserver.py): with C requests in flight and no --max-running cap, every
@@ -73,3 +74,42 @@ def test_bad_input_is_a_clear_error_and_stores_nothing(tmp_path, capsys, argv: l
     if (tmp_path / "k.db").exists():
         with Store.open(db, readonly=True) as store:
             assert store.list_runs() == []
+
+
+def _capacity_run(tmp_path, db: str, commit: str, slower: float) -> int:
+    server = ["--ttft-ms", str(TTFT), "--itl-ms", str(ITL), "--itl-slope-ms", str(SLOPE), "--slower", str(slower)]
+    with launch.from_recipe("testserver", model="k2bench-test", extra_args=server, log_dir=tmp_path) as s:
+        argv = capacity_argv(db, "--commit", commit, "--branch", "main")
+        i = argv.index("--engine")
+        argv[i:i + 3] = ["--url", s.base_url]  # attached: both builds have the same configuration fingerprint
+        assert main(argv) == 0
+    with Store.open(db, readonly=True) as store:
+        return store.list_runs(commit=commit)[0]["id"]
+
+
+def test_regress_flags_a_30_percent_slower_build_and_not_an_a_a_rerun(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    base = _capacity_run(tmp_path, db, "a" * 40, 1.0)
+    rerun = _capacity_run(tmp_path, db, "b" * 40, 1.0)
+    slower = _capacity_run(tmp_path, db, "c" * 40, 1.3)
+    capsys.readouterr()
+    assert hand_capacity(TPOT_BOUND, 1.3) == 15  # (33.1 - 2) / 2: a quarter below 20
+
+    def regress(cand: int) -> tuple[int, dict]:
+        code = main(["regress", "--candidate", str(cand), "--baseline", str(base), "--format", "json",
+                     "--fail-on-regression", "--db", db])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, doc = regress(slower)
+    cap = doc["capacity"]
+    assert (cap["status"], code, doc["overall"]) == ("regression", 1, "regression"), cap
+    assert cap["baseline"] == 20 and abs(cap["candidate"] - 15) <= 1.5
+    assert "the candidate missed at" in cap["evidence"]
+
+    code, doc = regress(rerun)
+    assert doc["capacity"]["status"] == "unchanged" and code == 0, doc["capacity"]
+    assert doc["overall"] != "regression"
+
+    main(["regress", "--candidate", str(slower), "--baseline", str(base), "--db", db])
+    md = capsys.readouterr().out
+    assert "Capacity (highest load with at least 99% of requests meeting the SLO): capacity 20 ->" in md
