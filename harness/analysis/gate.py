@@ -8,7 +8,10 @@ import pandas as pd
 
 from k2bench.harness.analysis import baseline as bl
 from k2bench.harness.analysis.regress import RegressConfig, RegressResult, compare, counted, per_run
+from k2bench.harness.analysis.slo_view import comparison_slo, with_slo
 from k2bench.harness.eval.gate import counts_of, judge_counts
+from k2bench.harness.measure.slo import FIELDS as SLO_FIELDS
+from k2bench.harness.measure.slo import Slo, meets
 
 
 @dataclass
@@ -27,17 +30,29 @@ def _plot_points(points: pd.DataFrame) -> list[tuple[float, float, int]]:
             for r in pr.itertuples() if pd.notna(r.interactivity_median) and pd.notna(r.tput_per_gpu)]
 
 
-def _requests(store, run_ids: list[int]) -> pd.DataFrame | None:
+def _requests(store, run_ids: list[int], slo: Slo | None) -> pd.DataFrame | None:
+    """Per-request frames; with an SLO, ``slo_good`` says which requests met it (the SLO metrics' sample)."""
     frames = []
     for rid in run_ids:
         df = store.requests_frame(rid)
         if df is not None and len(df):
+            if slo is not None:  # load_records reads the rows in requests_frame's order
+                df = df.assign(slo_good=[float(meets(r, slo)) for r in store.load_records(rid)])
             frames.append(df.assign(run_id=rid))
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+def _judged_by(store, points: pd.DataFrame, slo: Slo | None) -> pd.DataFrame:
+    """Every level's SLO figures under the comparison's SLO; without one, none are compared (figures
+    stored under different SLOs do not compare)."""
+    if slo is not None:
+        return with_slo(store, points, slo)
+    return points.assign(**{c: float("nan") for c in SLO_FIELDS})
+
+
 def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOptions | None = None,
-             config: RegressConfig | None = None, use_requests: bool = True) -> GateOutput:
+             config: RegressConfig | None = None, use_requests: bool = True, slo: str | None = None) -> GateOutput:
+    """``slo``: the SLO attainment and goodput are judged by (default: the candidate's own, if it has one)."""
     opts = opts or bl.BaselineOptions()
     cand_runs = bl.resolve_runs(store, candidate, opts.repo)
     sel = bl.select(store, cand_runs, baseline, opts)
@@ -47,6 +62,8 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
     # one query for every run involved: the history holds the baseline runs, so separate queries
     # would read those twice
     points = store.points_frame(run_ids=sorted({*cand_ids, *base_ids, *hist_ids}))
+    judge = comparison_slo(slo, sel.candidate)
+    points = _judged_by(store, points, judge)
     cand_pts = points[points["run_id"].isin(cand_ids)]
     if not sel.baseline:
         res = RegressResult(candidate_runs=cand_ids, baseline_runs=[], history_runs=[], verdicts=[],
@@ -56,9 +73,12 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
         return GateOutput(res, _plot_points(cand_pts), [])
     base_pts = points[points["run_id"].isin(base_ids)]
     hist_pts = points[points["run_id"].isin(hist_ids)] if hist_ids else None
-    cand_req = _requests(store, cand_ids) if use_requests else None
-    base_req = _requests(store, base_ids) if use_requests else None
+    cand_req = _requests(store, cand_ids, judge) if use_requests else None
+    base_req = _requests(store, base_ids, judge) if use_requests else None
     res = compare(cand_pts, base_pts, hist_pts, cand_req, base_req, config)
+    if judge is not None:
+        res.notes.append(f"SLO attainment and goodput judged against {judge.text} on both sides (levels swept "
+                         f"under another SLO or none recomputed from their stored requests)")
     res.baseline_reason = sel.reason
     res.candidate_meta, res.baseline_meta = sel.candidate[-1], sel.baseline[-1]
     _judge_accuracy(store, cand_ids, base_ids, res)

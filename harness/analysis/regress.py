@@ -165,6 +165,8 @@ def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str |
     if rule is None or requests is None or len(requests) == 0:
         return None
     df = requests[(requests["concurrency"] == concurrency)]
+    if rule == "slo_good":  # every measured request, failed ones as not good; absent: no SLO applies
+        return df["slo_good"].to_numpy(float) if "slo_good" in df.columns else None
     if "success" in df.columns:
         df = df[df["success"].astype(bool)]
     if rule == "output_rate":  # tokens per second of one request: throughput at fixed concurrency

@@ -17,15 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capacity", help="find the highest load that meets an SLO (bracket, then bisect; one stored run)",
         description=textwrap.fill(
-            "Probe a server at growing load until a probe's SLO attainment misses the target, then bisect "
+            "Probe a server at growing load until a probe's attainment of --slo (required) misses the target, then bisect "
             "between the last probe that met it and the first that missed, until the two are within "
             "--tolerance or --max-probes are spent. Each probe is a stored level of one run; the result "
             "is stored in the run's extra.capacity, where regress and the dashboard read it.", width=100),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("search")
-    g.add_argument("--slo", required=True, metavar="NAME=MS,...",
-                   help="the SLO a request must meet: ttft_ms=2000,tpot_ms=50[,e2el_ms=...,itl_p99_ms=...]")
     g.add_argument("--by", default="concurrency", choices=["concurrency"],
                    help="the load axis searched (default concurrency: requests in flight)")
     g.add_argument("--target", type=float, default=0.99,
@@ -41,9 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _search_settings(args: argparse.Namespace):
+    from k2bench.errors import UserError
     from k2bench.harness.measure.slo import parse_slo
     from k2bench.harness.run.capacity import SearchSettings
 
+    if not args.slo:
+        raise UserError("capacity needs --slo: the bounds a request must meet, e.g. --slo ttft_ms=2000,tpot_ms=50")
     found = SearchSettings(slo=parse_slo(args.slo), by=args.by, target=args.target, max_probes=args.max_probes,
                            start=args.start, tolerance=args.tolerance)
     found.validate()

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="relative change that matters: 0.05 or 5%% for all, or e.g. ttft_ms_p99=0.1 (repeatable)")
     p.add_argument("--alpha", type=float, default=None, help="significance level, one-sided (default 0.01)")
     p.add_argument("--no-requests", action="store_true", help="skip per-request samples (faster on huge runs)")
+    p.add_argument("--slo", metavar="NAME=MS,...",
+                   help="judge SLO attainment and goodput against this SLO on both sides, computed from the stored "
+                        "requests (default: the SLO the candidate was swept under, if any)")
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--out", default=None, help="write the report here (markdown also writes <stem>.png beside it)")
     p.add_argument("--json", dest="json_out", default=None, metavar="PATH",
@@ -109,8 +112,13 @@ def _regress(args) -> int:
     from k2bench.harness.analysis.gate import run_gate
 
     cfg, opts = _config(args), _options(args)
+    if args.slo:
+        from k2bench.harness.measure.slo import parse_slo
+
+        parse_slo(args.slo)  # a typo is refused before the store is read
     store = _open(args.db, readonly=True)
-    out = run_gate(store, args.candidate, args.baseline, opts, cfg, use_requests=not args.no_requests)
+    out = run_gate(store, args.candidate, args.baseline, opts, cfg, use_requests=not args.no_requests,
+                   slo=args.slo)
     res = out.result
     if args.format == "json":
         text = report.to_json(res)
@@ -159,7 +167,7 @@ def _changepoints(args) -> int:
     metrics = tuple(args.metric) if args.metric else None
     for fp in fps:
         ids = [r["id"] for r in runs if r.get("fingerprint") == fp]
-        pts = store.points_frame(run_ids=ids)
+        pts = _slo_judged(store, store.points_frame(run_ids=ids), [r for r in runs if r.get("fingerprint") == fp])
         try:
             rows = cp.history_change_points(pts, metrics, window, pvalue)
         except ValueError as exc:
@@ -175,6 +183,18 @@ def _changepoints(args) -> int:
                   f"{str(r['commit'] or '')[:10]:<10} {r['mean_before']:>12.4g} -> {r['mean_after']:<12.4g} "
                   f"{100 * r['rel_change']:+6.1f}%  p={r['p_value']:.2g}")
     return 0
+
+
+def _slo_judged(store, pts, runs: list[dict]):
+    """A series' SLO figures under one SLO, its newest run's (runs come newest first): levels swept under
+    another SLO, or none, are recomputed from their stored requests, so a change of SLO is no change point."""
+    from k2bench.harness.analysis.slo_view import with_slo
+    from k2bench.harness.measure.slo import FIELDS, parse_slo
+
+    newest = next((r["slo"] for r in runs if r.get("slo")), None)
+    if newest is None:
+        return pts.assign(**{c: float("nan") for c in FIELDS})
+    return with_slo(store, pts, parse_slo(newest))
 
 
 def _series_name(runs) -> str:

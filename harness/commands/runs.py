@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("run", metavar="RUN", help="run id (see `k2bench runs`)")
     s.add_argument("--repro", action="store_true",
                    help="print a shell sequence that re-runs the measurement (commands, environment, versions)")
+    s.add_argument("--slo", metavar="NAME=MS,...",
+                   help="judge every level against this SLO (e.g. ttft_ms=2000,tpot_ms=50; names: ttft_ms, "
+                        "tpot_ms, e2el_ms, itl_p99_ms), computed from the stored requests: attainment with its "
+                        "95%% interval and goodput per level")
     add_db_arg(s)
     s.set_defaults(handler=_show)
 
@@ -78,10 +82,19 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     Every header and number format comes from the catalogue: its table metrics and level fields."""
     from rich.table import Table
 
-    from k2bench.harness.measure.catalogue import FIELDS, LEVEL_TABLE_FIELDS, TABLE_METRICS
+    from k2bench.harness.measure.catalogue import (
+        BY_COLUMN,
+        FIELDS,
+        LEVEL_TABLE_FIELDS,
+        SLO_TABLE_METRICS,
+        TABLE_METRICS,
+        attainment_text,
+    )
     from k2bench.harness.record import schema
 
     trials = len({p.get("trial", 0) for p in points}) > 1
+    slo = any(p.get("slo_attainment") is not None for p in points)
+    slo_metrics = SLO_TABLE_METRICS if slo else ()
     mismatches = any(p.get("osl_mismatches") for p in points)
     table = Table(title=title, title_justify="left")
     table.add_column(FIELDS["concurrency"].header, justify="right")
@@ -92,6 +105,11 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         table.add_column(name, justify="right")
     if mismatches:
         table.add_column(FIELDS["osl_mismatches"].header, justify="right")
+    if slo:
+        table.add_column(BY_COLUMN["slo_attainment"].short, justify="right", no_wrap=True)
+        table.add_column("95% CI", justify="right", no_wrap=True)
+        for m in slo_metrics:
+            table.add_column(m.header, justify="right")
     marked = any(p.get("valid") is False for p in points)
     if marked:
         table.add_column(FIELDS["valid"].header)
@@ -105,6 +123,10 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:
             row.append(str(p.get("osl_mismatches") or 0))
+        if slo:
+            row += attainment_text(p.get("slo_attainment"), p.get("slo_attainment_low"),
+                                   p.get("slo_attainment_high"))
+            row += [m.format(flat.get(m.column)) for m in slo_metrics]
         if marked:
             row.append("yes" if p.get("valid") is not False else "INVALID")
         table.add_row(*row, style="dim" if p.get("valid") is False else None)
@@ -154,9 +176,20 @@ def _show(args) -> int:
 
     from k2bench.harness.record import schema
 
+    slo = None
+    if args.slo:
+        from k2bench.harness.measure.slo import parse_slo
+
+        slo = parse_slo(args.slo)  # before the store is opened: a typo costs nothing
     with _open(args, readonly=True) as store:
         run = store.get_run(args.run)
         doc = store.export_run(run["id"])
+        if slo is not None and slo.text != run.get("slo"):
+            from k2bench.harness.analysis.slo_view import level_figures
+
+            for p in doc["points"]:
+                p.update(level_figures(store, run["id"], p, run["num_gpus"], slo))
+            run = {**run, "slo": f"{slo.text} (computed now from the stored requests)"}
     if args.repro:
         from k2bench.harness.record.repro import script
 
@@ -182,6 +215,9 @@ def _show(args) -> int:
                               f"{p.get('invalid_reason') or 'no reason stored'}", highlight=False, markup=False)
             if p["errors"]:
                 console.print(f"{where}: first errors: " + "; ".join(p["errors"]), highlight=False, markup=False)
+            if slo is not None and p.get("slo_attainment") is None:
+                console.print(f"{where}: no SLO figures: no requests stored for this level (a summary imported "
+                              f"without per-request data)", highlight=False, markup=False)
     else:
         console.print("no finished levels")
     for ev in doc["evals"]:

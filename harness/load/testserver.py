@@ -90,6 +90,8 @@ class ServerConfig:
     ttft_slope_ms: float = 0.0  # added to TTFT per running stream (the request itself included)
     max_running: int = 0  # admit at most this many streams; later ones queue (0: no cap)
     slower: float = 1.0  # multiply every time of the model (ttft, itl, their slopes, prefill)
+    slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
+    slow_ms: float = 0.0  # added to the TTFT of those requests
 
 
 class StreamRecord(NamedTuple):
@@ -315,6 +317,8 @@ class TestServer:
         running_at_admission = self.running
         first = admitted + f * ((cfg.ttft_ms + cfg.ttft_slope_ms * self.running) / 1e3
                                 + prompt_len * cfg.prefill_us_per_token / 1e6)
+        if cfg.slow_every and n % cfg.slow_every == 0:
+            first += cfg.slow_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
         sent = 0
@@ -384,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running", type=int, default=0, help="load model: streams served at once; later "
                    "requests queue, and the wait is part of their TTFT (0: no cap)")
     p.add_argument("--slower", type=float, default=1.0, help="multiply every time of the model (a slower build)")
+    p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -396,7 +402,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after,
         itl_slope_ms=args.itl_slope_ms, ttft_slope_ms=args.ttft_slope_ms, max_running=args.max_running,
-        slower=args.slower,
+        slower=args.slower, slow_every=args.slow_every, slow_ms=args.slow_ms,
     )
 
 

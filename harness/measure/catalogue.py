@@ -34,7 +34,8 @@ INTERACTIVITY_KEYS = ("median", "p90", "p99")
 
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
-SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms")
+# "slo_good" is 1 for a request that met the comparison's SLO, else 0 (failed requests included).
+SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms", "slo_good")
 
 TRIAL_AGGREGATION = "median"
 
@@ -91,6 +92,8 @@ FIELDS: dict[str, Field] = {f.column: f for f in (
     Field("config", "configuration", "Engine, model, hardware, GPUs and workload"),
     Field("run_id", "run", "Run id"),
     Field("started_at", "started (UTC)", "Start of the run, UTC"),
+    Field("slo", "SLO", "The SLO levels are judged against (bounds in ms)"),
+    Field("slo_met", "met SLO", "Measured requests that met the SLO"),
     Field("p_value", "p-value", "p-value of the comparison"),
     Field("rel_change", "change", "Relative change"),
     Field("first_bad", "culprit", "First bad commit"),
@@ -153,6 +156,17 @@ def _catalogue() -> tuple[Metric, ...]:
         Metric("pct_roofline", "Share of the roofline (% of its tok/s/GPU)", "% roofline", "%", True, decimals=1,
                table=True),
     ]
+    # against the run's SLO (k2bench.harness.measure.slo); tables show them when a level has them
+    # (SLO_TABLE_METRICS). Each request's sample is whether it met the SLO: at one level, more good
+    # requests means more attainment and more goodput.
+    out += [
+        Metric("slo_attainment", "SLO attainment (share of requests that met the SLO)", "SLO attainment", "",
+               True, decimals=3, sample="slo_good", gate=True),
+        Metric("goodput_rps", "Goodput (requests that met the SLO per second)", "goodput req/s", "req/s", True,
+               decimals=2, sample="slo_good", gate=True),
+        Metric("goodput_per_gpu", f"Goodput ({tput} of requests that met the SLO)", f"goodput {tput}", tput, True,
+               sample="slo_good", gate=True),
+    ]
     return tuple(out)
 
 
@@ -160,6 +174,15 @@ CATALOGUE: tuple[Metric, ...] = _catalogue()
 BY_COLUMN: dict[str, Metric] = {m.column: m for m in CATALOGUE}
 GATE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.gate)
 TABLE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.table)
+SLO_TABLE_METRICS: tuple[Metric, ...] = tuple(BY_COLUMN[c] for c in ("goodput_rps", "goodput_per_gpu"))
+
+
+def attainment_text(fraction: float | None, low: float | None, high: float | None) -> tuple[str, str]:
+    """Attainment and its interval, as tables and hovers show them: ``("97.0%", "92.1-99.4")``."""
+    if fraction is None:
+        return "-", "-"
+    interval = "-" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}"
+    return f"{100 * fraction:.1f}%", interval
 
 
 def over_trials(frame: pd.DataFrame, columns: Iterable[str], keys: Iterable[str] = ("run_id", "concurrency"),

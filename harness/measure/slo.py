@@ -26,8 +26,8 @@ import numpy as np
 from k2bench.errors import UserError
 from k2bench.harness.load.records import RequestRecord
 
-__all__ = ["CONFIDENCE", "SLO_METRICS", "Attainment", "Slo", "attainment", "binomial_interval", "meets",
-           "parse_slo", "request_values"]
+__all__ = ["CONFIDENCE", "FIELDS", "SLO_METRICS", "Attainment", "Slo", "attainment", "binomial_interval",
+           "meets", "parse_slo", "request_values"]
 
 # name -> what it bounds; the order is the canonical order of an SLO's text
 SLO_METRICS: dict[str, str] = {
@@ -37,6 +37,9 @@ SLO_METRICS: dict[str, str] = {
     "itl_p99_ms": "99th percentile of the request's own inter-token gaps (ms)",
 }
 CONFIDENCE = 0.95
+# the level fields that carry a level's figures against its run's SLO (record.schema declares them)
+FIELDS = ("slo_attainment", "slo_attainment_low", "slo_attainment_high", "slo_met", "goodput_rps",
+          "goodput_per_gpu")
 _NS_PER_MS = 1e6
 
 
@@ -131,7 +134,7 @@ class Attainment:
     def fields(self) -> dict:
         """The level fields under which a point carries these figures (catalogue columns)."""
         return {"slo_attainment": self.fraction, "slo_attainment_low": self.low, "slo_attainment_high": self.high,
-                "slo_met": self.met, "slo_n": self.n, "goodput_rps": self.goodput_rps,
+                "slo_met": self.met, "goodput_rps": self.goodput_rps,
                 "goodput_per_gpu": self.goodput_per_gpu}
 
 

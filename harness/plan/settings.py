@@ -36,6 +36,7 @@ GROUPS = {  # help group of each kind of setting, in --help order
     "server": "server (attach with --url, or launch with --engine)",
     "load": "load",
     "validity": "validity (an invalid level is kept, but left out of frontiers and the gate)",
+    "slo": "service-level objective (attainment and goodput per level)",
     "accuracy": "accuracy (lm-evaluation-harness, after the levels, on the same server)",
     "recording": "recording",
     "telemetry": "telemetry (energy, cost, the server's own metrics)",
@@ -82,6 +83,12 @@ def _count_check(minimum_n: int, what: str) -> Callable[[Count], str | None]:
             return f"as a multiple of the concurrency must be {what} (e.g. {'1x' if minimum_n else '0.5x'})"
         return None
     return check
+
+
+def _slo(v: str) -> None:
+    from k2bench.harness.measure.slo import parse_slo
+
+    parse_slo(v)
 
 
 def _gpu_ids(v: str) -> None:
@@ -193,6 +200,10 @@ SETTINGS: tuple[Setting, ...] = (
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
     S("allow_osl_mismatch", bool, "validity", "keep a level valid when outputs differ from the requested "
       "length (default: invalid)", default=False, attr="rules.allow_osl_mismatch", example=True),
+    S("slo", str, "slo", "judge every level against this SLO: NAME=MS pairs, e.g. ttft_ms=2000,tpot_ms=50 "
+      "(names: ttft_ms, tpot_ms, e2el_ms, itl_p99_ms); a request meets it when every bound holds; each level "
+      "stores its attainment (with a 95%% interval) and goodput", check=_via(_slo), metavar="NAME=MS,...",
+      commands=frozenset({*EVERYWHERE, SUITE_RUN}), example="ttft_ms=2000,tpot_ms=50"),
     S("eval", "evals", "accuracy", "evaluate TASK (k2bench eval --list) with CONC requests in flight (default: "
       "the highest level) and store it with the run (repeatable). The bundled engine on its default model "
       "evaluates tiny-arith unless told otherwise; 'none' evaluates nothing", commands=SWEEP_ONLY, key=False,

@@ -140,6 +140,8 @@ class Run:
     client: dict | None = col("dict?", JSON(), "the measuring client (k2bench version, host)")
     notes: str | None = col("str?", Text(), "free text")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    slo: str | None = col("str?", String(255), "the SLO its levels' attainment and goodput were computed "
+                          "against (k2bench.harness.measure.slo; null: none given)")
 
 
 @dataclass
@@ -179,6 +181,14 @@ class Point:
     usd_per_mtok_output: float | None = col("float?", Float(), "US$ per million output tokens at gpu_hour_usd")
     pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
                                      "concurrency (run extra.roofline)")
+    # against the run's SLO (k2bench.harness.measure.slo); null when the run has none
+    slo_attainment: float | None = col("ratio?", Float(), "share of measured requests that met the SLO")
+    slo_attainment_low: float | None = col("ratio?", Float(), "lower end of its 95% Clopper-Pearson interval")
+    slo_attainment_high: float | None = col("ratio?", Float(), "upper end of its 95% Clopper-Pearson interval")
+    slo_met: int | None = col("nonneg_int?", Integer(), "measured requests that met the SLO")
+    goodput_rps: float | None = col("float?", Float(), "requests that met the SLO / duration, req/s")
+    goodput_per_gpu: float | None = col("float?", Float(), "(input + output tokens of the requests that met "
+                                        "the SLO) / duration / GPUs")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")

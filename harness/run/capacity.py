@@ -202,6 +202,7 @@ def prepare(cfg: SweepConfig, settings: SearchSettings) -> None:
     search plans the rest as it goes)."""
     cfg.levels = [settings.first_load()]
     cfg.trials = 1
+    cfg.slo = settings.slo.text  # each probe stores its attainment and goodput like any level with an SLO
 
 
 def run_capacity(cfg: SweepConfig, settings: SearchSettings, events: LevelEvents | None = None

@@ -22,6 +22,7 @@ from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure.slo import attainment, parse_slo
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
@@ -70,6 +71,7 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+    slo: str | None = None  # SLO text (k2bench.harness.measure.slo): each level's attainment and goodput
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -227,6 +229,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
     from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
+    slo = parse_slo(cfg.slo) if cfg.slo else None
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
@@ -282,6 +285,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
                     point.update(tel.fields(point))
+                    if slo is not None:
+                        point.update(attainment(records, slo, duration_s=point["duration_s"],
+                                                num_gpus=meta["num_gpus"]).fields())
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
@@ -370,6 +376,7 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
         "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
         "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
+        "slo": parse_slo(cfg.slo).text if cfg.slo else None,  # canonical: equal SLOs read the same
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
                   "request_model": request_model, "prompt_mode": w.mode,
                   "vocabulary": vocab.source if vocab else None, "versions": provenance.versions(),
