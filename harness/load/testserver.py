@@ -106,6 +106,8 @@ class StreamRecord(NamedTuple):
     prompt_tokens: int
     admitted: float = 0.0  # when it left the --max-running queue (== arrived when it did not wait)
     running: int = 0  # streams running when it was admitted, itself included
+    first_due: float = 0.0  # the load model's deadline of the first message (sent at or after it)
+    last_due: float = 0.0  # and of the last: the schedule without the server's own lateness
 
 
 def _tokenize(text: str) -> list[int]:
@@ -350,7 +352,7 @@ class TestServer:
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         if len(self.done) < 1_000_000:
             self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, admitted,
-                                          running_at_admission))
+                                          running_at_admission, first, due))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
