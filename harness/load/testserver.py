@@ -8,7 +8,7 @@ later token back. Failure modes (400s, streams that end early, a wrong usage cou
 start) let tests check that the load generator reports them.
 
 A load model (all off by default) makes latency grow with load, so that the capacity of the server
-at a given SLO can be computed by hand (docs/concepts.md, "The test server's load model"):
+at a given SLO can be computed by hand (docs/harness.md, "The load model"):
 
 - ``running`` is the number of streams admitted and not yet finished. With ``--max-running K`` a
   request that arrives while K streams run waits, first come first served, until one finishes;
