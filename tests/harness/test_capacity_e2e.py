@@ -113,3 +113,15 @@ def test_regress_flags_a_30_percent_slower_build_and_not_an_a_a_rerun(tmp_path, 
     main(["regress", "--candidate", str(slower), "--baseline", str(base), "--db", db])
     md = capsys.readouterr().out
     assert "Capacity (highest load with at least 99% of requests meeting the SLO): capacity 20 ->" in md
+
+
+def test_an_unreachable_server_is_a_clear_error_and_stores_no_run(tmp_path, capsys) -> None:
+    from k2bench.net import free_port
+
+    db = f"sqlite:///{tmp_path}/k.db"
+    code = main(["capacity", "--url", f"http://127.0.0.1:{free_port()}", "--slo", "tpot_ms=5", "--isl", "8",
+                 "--osl", "4", "--no-telemetry", "--db", db])
+    err = capsys.readouterr().err
+    assert code == 3 and "cannot reach the server" in err and "Traceback" not in err
+    with Store.open(db, readonly=True) as store:
+        assert store.list_runs() == []

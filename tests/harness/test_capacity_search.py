@@ -83,3 +83,17 @@ def test_probes_spent_inside_the_bracket_keep_the_best_known() -> None:
 def test_bad_settings_are_clear_errors(kw: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):
         SearchSettings(slo=SLO, **kw).validate()
+
+
+def test_capacity_takes_the_sweeps_settings_less_what_the_search_decides() -> None:
+    import argparse
+
+    from k2bench.harness.cli import build_parser
+    from k2bench.harness.plan import settings
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {s for a in sub.choices["capacity"]._actions for s in a.option_strings}
+    for s in settings.SETTINGS:
+        expected = settings.SWEEP in s.commands and s.name not in settings.NOT_IN_CAPACITY
+        assert (s.flag in flags) == expected, s.flag
+    assert {"--conc", "--trials"}.isdisjoint(flags) and {"--slo", "--url", "--isl", "--by", "--target"} <= flags
