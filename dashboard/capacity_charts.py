@@ -15,7 +15,7 @@ from k2bench.dashboard import data
 
 COLUMNS = ["run_id", "commit", "branch", "started_at", "fingerprint", "config", "search", "capacity", "missed_at",
            "goodput_per_gpu", "status", "attainment", "attainment_low", "probes"]
-UNIT = {"concurrency": "requests in flight"}
+UNIT = {"concurrency": "requests in flight", "rate": "requests/s"}
 
 
 def capacity_table(runs: list[dict]) -> pd.DataFrame:

@@ -22,8 +22,9 @@ from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.measure import slo as slo_mod
 from k2bench.harness.run.sweep import Level, LevelEvents, SweepConfig, SweepResult, run_sweep
 
-BY = ("concurrency",)  # the load axes a search can walk
-DEFAULT_START = {"concurrency": 4}  # the design card's lowest level
+BY = ("concurrency", "rate")  # the load axes a search can walk: requests in flight, requests per second
+DEFAULT_START = {"concurrency": 4, "rate": 1.0}  # the design card's lowest level; one request a second
+UNIT = {"concurrency": "requests in flight", "rate": "requests/s"}
 BRACKET_WAVES = 4  # measured requests of a bracketing probe, as a multiple of its concurrency
 MIN_PROBE_REQUESTS = 20  # so that one probe's attainment interval means something
 NEAR_FACTOR = 2  # probes once the boundary is bracketed are this many times longer
@@ -49,13 +50,16 @@ class SearchSettings:
         if self.max_probes < 2:
             raise UserError(f"--max-probes must be at least 2 (a bracket needs a probe on each side), "
                             f"not {self.max_probes}")
-        if self.start is not None and (self.start < 1 or self.start != int(self.start)):
+        if self.by == "concurrency" and self.start is not None and (self.start < 1 or self.start != int(self.start)):
             raise UserError(f"--start must be a whole concurrency of at least 1, not {self.start:g}")
+        if self.by == "rate" and self.start is not None and not 0 < self.start < float("inf"):
+            raise UserError(f"--start must be a positive, finite rate in requests/s, not {self.start:g}")
         if not 0 < self.tolerance < 1:
             raise UserError(f"--tolerance must be a fraction in (0, 1), not {self.tolerance:g}")
 
-    def first_load(self) -> int:
-        return int(self.start) if self.start is not None else DEFAULT_START[self.by]
+    def first_load(self) -> float:
+        start = self.start if self.start is not None else DEFAULT_START[self.by]
+        return int(start) if self.by == "concurrency" else float(start)
 
 
 @dataclass
@@ -86,8 +90,8 @@ class Probe:
 class Search:
     """Bracket by doubling, then bisect; pure (no server), so it can be tested on a known boundary.
 
-    ``lo`` is the highest load that met the target, ``hi`` the lowest that missed. Loads are whole
-    numbers (requests in flight)."""
+    ``lo`` is the highest load that met the target, ``hi`` the lowest that missed. A concurrency is a
+    whole number; a rate is kept to 4 significant digits (it is stored and printed)."""
 
     def __init__(self, settings: SearchSettings) -> None:
         self.settings = settings
@@ -107,21 +111,22 @@ class Search:
         elif self.hi is None or probe.load < self.hi.load:
             self.hi = probe
 
-    def next_load(self) -> int | None:
+    def next_load(self) -> float | None:
         """The next probe's load, or None: done (bracket narrow enough, probes spent, no room left)."""
         if len(self.probes) >= self.settings.max_probes:
             return None
         if not self.probes:
             return self.settings.first_load()
+        whole = self.settings.by == "concurrency"
         if self.hi is None:  # still climbing
-            return int(self.lo.load) * 2
-        if self.lo is None:  # the first probes all missed: halve down to one request in flight
-            load = int(self.hi.load) // 2
-            return load if load >= 1 else None
-        lo, hi = int(self.lo.load), int(self.hi.load)
-        if hi - lo <= 1 or hi <= lo * (1 + self.settings.tolerance):
+            return self.lo.load * 2
+        if self.lo is None:  # the first probes all missed: halve (a concurrency down to 1)
+            load = self.hi.load // 2 if whole else float(f"{self.hi.load / 2:.4g}")
+            return load if load >= 1 or not whole else None
+        lo, hi = self.lo.load, self.hi.load
+        if (whole and hi - lo <= 1) or hi <= lo * (1 + self.settings.tolerance):
             return None
-        return (lo + hi) // 2
+        return (lo + hi) // 2 if whole else float(f"{(lo + hi) / 2:.4g}")
 
     def is_near(self) -> bool:
         """Is the next probe a bisection one (the boundary bracketed), and so a longer one?"""
@@ -150,7 +155,7 @@ class CapacityResult:
         return asdict(self)
 
     def summary(self) -> str:
-        unit = "requests in flight"
+        unit = UNIT[self.by]
         if self.capacity is None:
             low = self.probes[-1]["load"] if self.probes else None
             return (f"no capacity: even {low:g} {unit} missed the target" if low is not None

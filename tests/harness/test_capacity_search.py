@@ -97,3 +97,24 @@ def test_capacity_takes_the_sweeps_settings_less_what_the_search_decides() -> No
         expected = settings.SWEEP in s.commands and s.name not in settings.NOT_IN_CAPACITY
         assert (s.flag in flags) == expected, s.flag
     assert {"--conc", "--trials"}.isdisjoint(flags) and {"--slo", "--url", "--isl", "--by", "--target"} <= flags
+
+
+def test_a_rate_search_bisects_in_requests_per_second() -> None:
+    s, loads = search_against_rate(22.9, start=4.0)
+    assert loads == [4.0, 8.0, 16.0, 32.0, 24.0, 20.0, 22.0]
+    assert s.lo.load == 22.0 and s.hi.load == 24.0  # 24 <= 22 x 1.1: within the tolerance
+
+
+def test_a_rate_search_halves_below_its_start() -> None:
+    s, loads = search_against_rate(0.3)
+    assert loads[:3] == [1.0, 0.5, 0.25]  # then bisects [0.25, 0.5)
+    assert s.lo.load <= 0.3 < s.hi.load <= s.lo.load * 1.1
+
+
+def search_against_rate(boundary: float, **kw) -> tuple[Search, list[float]]:
+    s = Search(SearchSettings(slo=SLO, by="rate", **kw))
+    loads = []
+    while (load := s.next_load()) is not None:
+        loads.append(load)
+        s.record(probe(load, load <= boundary))
+    return s, loads
