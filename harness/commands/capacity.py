@@ -24,13 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("search")
-    g.add_argument("--by", default="concurrency", choices=["concurrency"],
-                   help="the load axis searched (default concurrency: requests in flight)")
+    g.add_argument("--by", default="concurrency", choices=["concurrency", "rate"],
+                   help="the load axis searched: concurrency (requests in flight, closed loop; the default) or "
+                        "rate (requests/s, open loop: --burstiness, --max-inflight, --ramp-up, --duration apply)")
     g.add_argument("--target", type=float, default=0.99,
                    help="attainment a probe must reach: the share of its requests that meet the SLO (default 0.99)")
     g.add_argument("--max-probes", type=int, default=8, metavar="N", help="probes at most (default 8)")
     g.add_argument("--start", type=float, default=None, metavar="LOAD",
-                   help="the first probe's load (default 4); the search doubles it until a probe misses")
+                   help="the first probe's load (default 4 requests in flight, or 1 request/s); the search "
+                        "doubles it until a probe misses")
     g.add_argument("--tolerance", type=float, default=0.1, metavar="F",
                    help="stop when the lowest missing load is within this fraction above the highest "
                         "meeting one (default 0.1)")
@@ -54,13 +56,20 @@ def _search_settings(args: argparse.Namespace):
 def _capacity(args: argparse.Namespace) -> int:
     import sys
 
+    from k2bench.errors import UserError
     from k2bench.harness.commands.sweep_output import SweepDisplay, report
     from k2bench.harness.run.capacity import prepare, run_capacity
     from k2bench.harness.run.sweep import EXIT_INVALID, EXIT_OK, LevelEvents, SweepConfig
 
     search = _search_settings(args)  # bad input is refused before a server starts
-    cfg = SweepConfig.from_settings(settings.from_args(args, settings.CAPACITY), db=args.db,
-                                    command_line=getattr(args, "argv", None))
+    given = settings.from_args(args, settings.CAPACITY)
+    if search.by == "rate":
+        given["rate"] = [search.first_load()]  # the search replaces it; rate-level flags are checked with it
+    else:
+        rate_flags = [settings.BY_NAME[name].flag for name in settings.RATE_ONLY if name in given]
+        if rate_flags:
+            raise UserError(f"{' and '.join(rate_flags)} shape rate levels only: search with --by rate")
+    cfg = SweepConfig.from_settings(given, db=args.db, command_line=getattr(args, "argv", None))
     prepare(cfg, search)
     with SweepDisplay(cfg) as display:
         events = LevelEvents(level_start=display.level_start, level_done=display.level_done, message=display.say)

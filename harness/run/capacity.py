@@ -26,6 +26,7 @@ BY = ("concurrency", "rate")  # the load axes a search can walk: requests in fli
 DEFAULT_START = {"concurrency": 4, "rate": 1.0}  # the design card's lowest level; one request a second
 UNIT = {"concurrency": "requests in flight", "rate": "requests/s"}
 BRACKET_WAVES = 4  # measured requests of a bracketing probe, as a multiple of its concurrency
+BRACKET_SECONDS = 5  # a bracketing rate probe: this many seconds' worth of requests
 MIN_PROBE_REQUESTS = 20  # so that one probe's attainment interval means something
 NEAR_FACTOR = 2  # probes once the boundary is bracketed are this many times longer
 
@@ -188,24 +189,38 @@ def probe_of(point: dict, records: list[RequestRecord], settings: SearchSettings
     att = slo_mod.attainment(records, settings.slo, duration_s=point.get("duration_s"), num_gpus=num_gpus)
     frac = att.fraction
     meets = bool(point["valid"]) and frac is not None and frac >= settings.target
-    return Probe(load=point["concurrency"], met=att.met, n=att.n, attainment=frac, low=att.low, high=att.high,
+    load = point["rate"] if settings.by == "rate" else point["concurrency"]
+    return Probe(load=load, met=att.met, n=att.n, attainment=frac, low=att.low, high=att.high,
                  goodput_per_gpu=att.goodput_per_gpu, goodput_rps=att.goodput_rps, valid=bool(point["valid"]),
                  meets=meets, invalid_reason=point.get("invalid_reason"))
 
 
-def probe_size(cfg: SweepConfig, conc: int, near: bool) -> tuple[int, int]:
-    """(measured, warmup) requests of a probe. --num-prompts / --warmup as given (a count, or Kx of the
-    concurrency); else BRACKET_WAVES waves with one wave of warmup. Near the boundary, NEAR_FACTOR x."""
+def probe_level(cfg: SweepConfig, by: str, load: float, near: bool) -> Level:
+    """The level of a probe. --num-prompts / --warmup as given (a count, or Kx: K x the concurrency, or
+    K seconds' worth at the rate); else BRACKET_WAVES x the concurrency (BRACKET_SECONDS' worth at a
+    rate), at least MIN_PROBE_REQUESTS, after one wave (one second's worth) of warmup. Near the
+    boundary, NEAR_FACTOR x as many measured requests. A rate probe with --duration and no
+    --num-prompts sends for that long, near the boundary too."""
     given = cfg.num_prompts is not None or cfg.num_prompts_x is not None
+    warm_given = cfg.warmup is not None or cfg.warmup_x is not None
+    if by == "rate":
+        if not given and cfg.duration_s is not None:
+            n = None
+        else:
+            n = cfg.rate_count(load) if given else max(MIN_PROBE_REQUESTS, round(BRACKET_SECONDS * load))
+        warm = cfg.rate_count(load, warmup=True) if warm_given else round(load)
+        return Level(None, rate=load, num_prompts=n * NEAR_FACTOR if near and n else n, warmup=warm or 0)
+    conc = int(load)
     n = cfg.prompts_for(conc) if given else max(MIN_PROBE_REQUESTS, BRACKET_WAVES * conc)
-    warm = cfg.warmup_for(conc) if (cfg.warmup is not None or cfg.warmup_x is not None) else conc
-    return (n * NEAR_FACTOR if near else n), warm
+    warm = cfg.warmup_for(conc) if warm_given else conc
+    return Level(conc, num_prompts=n * NEAR_FACTOR if near else n, warmup=warm)
 
 
 def prepare(cfg: SweepConfig, settings: SearchSettings) -> None:
     """One level of one trial planned: what the sweep's up-front estimate and progress display see (the
     search plans the rest as it goes)."""
-    cfg.levels = [settings.first_load()]
+    rate = settings.by == "rate"
+    cfg.levels, cfg.rates = ([], [settings.first_load()]) if rate else ([int(settings.first_load())], [])
     cfg.trials = 1
     cfg.slo = settings.slo.text  # each probe stores its attainment and goodput like any level with an SLO
 
@@ -226,14 +241,14 @@ def run_capacity(cfg: SweepConfig, settings: SearchSettings, events: LevelEvents
         search.record(probe)
         bracket = (f"capacity in [{search.lo.load:g}, {search.hi.load:g})" if search.bracketed else
                    f"capacity >= {search.lo.load:g}" if search.lo else f"capacity < {search.hi.load:g}")
-        say(f"probe {len(search.probes)}/{settings.max_probes}: concurrency {probe.load:g}: "
+        where = f"rate {probe.load:g}/s" if settings.by == "rate" else f"concurrency {probe.load:g}"
+        say(f"probe {len(search.probes)}/{settings.max_probes}: {where}: "
             f"{probe.text(settings.target)}; {bracket}")
 
     def plan() -> Iterator[Level]:
         while (load := search.next_load()) is not None:
-            n, warm = probe_size(cfg, load, search.is_near())
             before = len(search.probes)
-            yield Level(concurrency=load, num_prompts=n, warmup=warm)
+            yield probe_level(cfg, settings.by, load, search.is_near())
             if len(search.probes) == before:  # stopped during warmup: nothing to judge, stop here
                 return
         finished[0] = True

@@ -125,3 +125,34 @@ def test_an_unreachable_server_is_a_clear_error_and_stores_no_run(tmp_path, caps
     assert code == 3 and "cannot reach the server" in err and "Traceback" not in err
     with Store.open(db, readonly=True) as store:
         assert store.list_runs() == []
+
+
+# By rate: the load model's cap. With --max-running K every request holds a slot for S = TTFT + (OSL - 1) x
+# ITL (no slopes), so K slots turn over at most K / S times a second. Below that rate nearly regular
+# arrivals (gamma gaps of shape 100: a coefficient of variation of 0.1) find a free slot and TTFT is the
+# model's; above it the queue, and so every later request's TTFT, grows without bound, and a probe misses
+# a TTFT bound of TTFT + 100 ms. The capacity is therefore K / S.
+RATE_K, RATE_TTFT, RATE_ITL = 8, 40.0, 22.0
+
+
+def hand_rate_capacity() -> float:
+    service_s = (RATE_TTFT + (OSL - 1) * RATE_ITL) / 1000
+    return RATE_K / service_s
+
+
+def test_capacity_by_rate_is_the_hand_computed_one(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path}/k.db"
+    server = f"--ttft-ms {RATE_TTFT} --itl-ms {RATE_ITL} --max-running {RATE_K}"
+    code = main(["capacity", "--engine", "testserver", f"--server-args={server}", "--isl", "8", "--osl", str(OSL),
+                 "--slo", f"ttft_ms={RATE_TTFT + 100}", "--by", "rate", "--start", "8", "--tolerance", "0.05",
+                 "--burstiness", "100", "--num-prompts", "3x", "--warmup", "1x", "--no-telemetry", "--db", db])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    expected = hand_rate_capacity()
+    assert round(expected, 2) == 21.62
+    cap, points = stored_capacity(db)
+    assert cap["by"] == "rate" and cap["status"] == "bracketed"
+    assert abs(cap["capacity"] - expected) <= 0.1 * expected, cap["probes"]
+    assert len(cap["probes"]) <= 8
+    assert sorted(p["load"] for p in cap["probes"]) == sorted(p["rate"] for p in points)
+    assert f"capacity {cap['capacity']:g} requests/s" in captured.out

@@ -5,7 +5,7 @@ without an SLO; `k2bench show --slo` computes them from the stored requests afte
 Plain ADD COLUMNs (nullable, no default): no table rebuild on SQLite.
 
 Revision ID: 0014
-Revises: 0008
+Revises: 0009 (re-chained in cap6 after merging main; the lead re-chains at merge)
 Create Date: 2026-12-02
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
