@@ -4,8 +4,8 @@ A serving team asks "how much load can this build take before users notice?". Th
 boundary on one load axis (requests in flight), found as a root is found on a line: bracket it by
 doubling from a start until a probe misses the target, then bisect the bracket until its ends are
 within a tolerance or the probes are spent. Each probe is one stored level of one run (the sweep's
-level loop, fed one level at a time by `Search`), judged by its own requests against the SLO
-(k2bench.harness.measure.slo). Bracketing probes are short; once the boundary is bracketed, probes
+level loop, fed one level at a time by `Search`), judged by the SLO attainment the sweep stores with
+it (k2bench.harness.measure.slo: the share of its measured requests that met every bound). Bracketing probes are short; once the boundary is bracketed, probes
 are twice as long, because only there does a verdict decide the answer.
 
 The result (capacity, goodput at capacity, the probes on either side with their attainment
@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from k2bench.errors import UserError
-from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.measure import slo as slo_mod
 from k2bench.harness.run.sweep import Level, LevelEvents, SweepConfig, SweepResult, run_sweep
 
@@ -183,16 +182,17 @@ def result_of(search: Search, settings: SearchSettings, stopped: bool) -> Capaci
         probes=[asdict(p) for p in search.probes])
 
 
-def probe_of(point: dict, records: list[RequestRecord], settings: SearchSettings, num_gpus: int) -> Probe:
-    """A stored level judged against the SLO. An invalid level misses the target whatever its attainment:
-    a server that fails requests or runs past --level-timeout at this load is beyond its capacity."""
-    att = slo_mod.attainment(records, settings.slo, duration_s=point.get("duration_s"), num_gpus=num_gpus)
-    frac = att.fraction
+def probe_of(point: dict, settings: SearchSettings) -> Probe:
+    """A stored level judged against the SLO, from the figures the sweep stored with it (the run's SLO is
+    the search's). An invalid level misses the target whatever its attainment: a server that fails
+    requests or runs past --level-timeout at this load is beyond its capacity."""
+    frac = point.get("slo_attainment")
     meets = bool(point["valid"]) and frac is not None and frac >= settings.target
     load = point["rate"] if settings.by == "rate" else point["concurrency"]
-    return Probe(load=load, met=att.met, n=att.n, attainment=frac, low=att.low, high=att.high,
-                 goodput_per_gpu=att.goodput_per_gpu, goodput_rps=att.goodput_rps, valid=bool(point["valid"]),
-                 meets=meets, invalid_reason=point.get("invalid_reason"))
+    return Probe(load=load, met=point.get("slo_met") or 0, n=point.get("num_prompts") or 0, attainment=frac,
+                 low=point.get("slo_attainment_low"), high=point.get("slo_attainment_high"),
+                 goodput_per_gpu=point.get("goodput_per_gpu"), goodput_rps=point.get("goodput_rps"),
+                 valid=bool(point["valid"]), meets=meets, invalid_reason=point.get("invalid_reason"))
 
 
 def probe_level(cfg: SweepConfig, by: str, load: float, near: bool) -> Level:
@@ -233,11 +233,12 @@ def run_capacity(cfg: SweepConfig, settings: SearchSettings, events: LevelEvents
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     search = Search(settings)
-    num_gpus = cfg.gpus or cfg.tp  # as the run records it (sweep._describe_run)
     finished = [False]
 
-    def on_records(point: dict, records: list[RequestRecord]) -> None:
-        probe = probe_of(point, records, settings, num_gpus)
+    def on_point(point: dict) -> None:
+        if events.level_done:
+            events.level_done(point)
+        probe = probe_of(point, settings)
         search.record(probe)
         bracket = (f"capacity in [{search.lo.load:g}, {search.hi.load:g})" if search.bracketed else
                    f"capacity >= {search.lo.load:g}" if search.lo else f"capacity < {search.hi.load:g}")
@@ -256,7 +257,8 @@ def run_capacity(cfg: SweepConfig, settings: SearchSettings, events: LevelEvents
     def run_extra() -> dict:
         return {"capacity": result_of(search, settings, stopped=not finished[0]).as_dict()}
 
-    hooks = LevelEvents(level_start=events.level_start, level_done=events.level_done, message=events.message, level_records=on_records, run_extra=run_extra)
+    hooks = LevelEvents(level_start=events.level_start, level_done=on_point, message=events.message,
+                        run_extra=run_extra)
     say(f"capacity search by {settings.by} at SLO {settings.slo.text}, target {100 * settings.target:g}%: "
         f"doubling from {settings.first_load()}, then bisecting to {100 * settings.tolerance:g}%, "
         f"at most {settings.max_probes} probes")

@@ -137,8 +137,6 @@ class LevelEvents:
     level_start: Callable[[int, int, int], Callable[[RequestRecord], None] | None] | None = None  # conc, trial, total
     level_done: Callable[[dict], None] | None = None
     message: Callable[[str], None] | None = None
-    # a stored level with its records (the capacity search judges each probe by its requests)
-    level_records: Callable[[dict, list[RequestRecord]], None] | None = None
     run_extra: Callable[[], dict] | None = None  # keys merged into the run's extra before it is finished
 
 
@@ -348,8 +346,6 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                     result.points.append(point)
                     if events.level_done:
                         events.level_done(point)
-                    if events.level_records:
-                        events.level_records(point, records)
                 if watch.server_down:
                     result.exit_code = EXIT_SERVER
                     result.problem = f"{name}: {watch.stopped}"
