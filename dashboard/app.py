@@ -12,11 +12,11 @@ import sys
 import streamlit as st
 
 from k2bench.dashboard import cache, data
-from k2bench.dashboard.views import compare, frontier, history, run_detail
+from k2bench.dashboard.views import capacity, compare, frontier, history, run_detail
 from k2bench.errors import UserError
 
 PAGES = {"Frontier": frontier.render, "History": history.render, "Compare": compare.render,
-         "Run detail": run_detail.render}
+         "Run detail": run_detail.render, "Capacity": capacity.render}
 
 
 def _db_arg() -> str | None:

@@ -66,3 +66,11 @@ def evals(url: str, run_ids: tuple[int, ...]) -> dict[int, list[dict]]:
 def levels(url: str, run_id: int) -> list[dict]:
     """A run's levels with every field, nested ones included (energy, server metrics: the timelines)."""
     return store(url).export_run(run_id)["points"]
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def capacity(url: str) -> pd.DataFrame:
+    """Every run's capacity search result, oldest first (dashboard.capacity_charts)."""
+    from k2bench.dashboard.capacity_charts import capacity_table
+
+    return capacity_table(store(url).list_runs())

@@ -20,6 +20,7 @@ from k2bench.harness.crash import report_crash
 # Order is the order shown in --help. Each module registers its own subcommands.
 COMMAND_MODULES = (
     "sweep",  # k2bench sweep
+    "capacity",  # k2bench capacity (the SLO capacity search)
     "recipes",  # k2bench recipes
     "suite",  # k2bench suite list|run|matrix|submit
     "history",  # k2bench backfill / bisect

@@ -85,7 +85,22 @@ def run_gate(store, candidate: str, baseline: str = "auto", opts: bl.BaselineOpt
     res.baseline_reason = sel.reason
     res.candidate_meta, res.baseline_meta = sel.candidate[-1], sel.baseline[-1]
     _judge_accuracy(store, cand_ids, base_ids, res)
+    _judge_capacity(sel.candidate, sel.baseline, res, config or RegressConfig())
     return GateOutput(res, _plot_points(cand_pts), _plot_points(base_pts))
+
+
+def _judge_capacity(cand_runs: list[dict], base_runs: list[dict], res: RegressResult, cfg: RegressConfig) -> None:
+    """Capacity at the SLO, when the candidate is a capacity search: a shown drop fails the gate."""
+    from k2bench.harness.analysis.capacity import compare_runs
+
+    verdict = compare_runs(cand_runs, base_runs, cfg.threshold_for("capacity"))
+    if verdict is None:
+        return
+    res.capacity = asdict(verdict)
+    if verdict.status == "regression":
+        res.overall = "regression"
+    elif verdict.status == "improvement" and res.overall == "unchanged":
+        res.overall = "improvement"
 
 
 def _counts(evals: dict[int, list[dict]], run_ids: list[int], key: tuple[str, str]) -> tuple[int, int] | None:

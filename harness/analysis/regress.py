@@ -50,10 +50,10 @@ class RegressConfig:
         return self.thresholds.get(column, self.threshold)
 
     def validate(self) -> None:
-        unknown = sorted(set(self.thresholds) - set(METRIC_BY_COLUMN) - {"frontier"})
+        unknown = sorted(set(self.thresholds) - set(METRIC_BY_COLUMN) - {"frontier", "capacity"})
         if unknown:
             raise ValueError(f"unknown metric(s) in thresholds: {', '.join(unknown)}; "
-                             f"known: {', '.join(METRIC_BY_COLUMN)}, frontier")
+                             f"known: {', '.join(METRIC_BY_COLUMN)}, frontier, capacity")
         for name, value in [("threshold", self.threshold), *self.thresholds.items()]:
             if not 0 < value < 1:
                 raise ValueError(f"threshold {name}={value} must be a fraction between 0 and 1 (0.05 = 5%)")
@@ -112,6 +112,7 @@ class RegressResult:
     candidate_meta: dict = field(default_factory=dict)
     baseline_meta: dict = field(default_factory=dict)
     accuracy: list[dict] = field(default_factory=list)  # k2bench.harness.eval.gate.AccuracyVerdict as dicts
+    capacity: dict | None = None  # k2bench.harness.analysis.capacity.CapacityVerdict as a dict (capacity runs)
 
     @property
     def regressions(self) -> list[Verdict]:

@@ -81,16 +81,18 @@ def verdict_line(res: RegressResult, esc: Callable[[str], str] = _md_reason) -> 
         return f"{head}: " + "; ".join(failed_accuracy + [esc(res.baseline_reason)])
     fr = res.frontier
     parts = []
+    cap = [_capacity_text(res.capacity)] if res.capacity and res.capacity["status"] in (
+        "regression", "improvement") else []
     if res.overall == "regression":
         worst = sorted(res.regressions, key=lambda v: -v.worse_by)
-        parts = failed_accuracy + [_describe(v) for v in worst[:3]]
+        parts = failed_accuracy + cap + [_describe(v) for v in worst[:3]]
         if len(worst) > 3:
             parts.append(f"and {len(worst) - 3} more")
         if fr and fr.status == "regression":
             parts.insert(0, f"frontier {_pct(fr.comparison.shift)} tok/s/GPU at matched tok/s/user")
     elif res.overall == "improvement":
         best = sorted(res.improvements, key=lambda v: v.worse_by)
-        parts = [_describe(v) for v in best[:3]]
+        parts = cap + [_describe(v) for v in best[:3]]
         if fr and fr.status == "improvement":
             parts.insert(0, f"frontier {_pct(fr.comparison.shift)} tok/s/GPU at matched tok/s/user")
     else:
@@ -119,6 +121,7 @@ def markdown(res: RegressResult, png_name: str | None = None) -> str:
         lines += _accuracy_section(res)
         return "\n".join(lines).rstrip() + "\n"
     lines += _accuracy_section(res)
+    lines += _capacity_section(res)
     lines += _delta_table(res)
     lines += _frontier_section(res, png_name)
     lines += _details(res)
@@ -138,6 +141,23 @@ def _accuracy_section(res: RegressResult) -> list[str]:
                    f"{_p(a['p_value'])} | {MARKS.get(a['status'], '')} {a['status']} |")
     return out + ["", "Accuracy: the model's threshold, and a one-sided two-proportion test on the per-item "
                       "scores (a drop counts when it is at least 1 point and significant at 5%).", ""]
+
+
+def _capacity_text(c: dict) -> str:
+    change = "" if c["rel_change"] is None else f" ({_pct(c['rel_change'])})"
+    def load(x: float | None) -> str:
+        return "none" if x is None else f"{x:g}"
+
+    return (f"capacity {load(c['baseline'])} -> {load(c['candidate'])} by {c['by']} at SLO "
+            f"{md_text(c['slo'])}{change}")
+
+
+def _capacity_section(res: RegressResult) -> list[str]:
+    c = res.capacity
+    if not c:
+        return []
+    return [f"Capacity (highest load with at least {100 * c['target']:g}% of requests meeting the SLO): "
+            f"{_capacity_text(c)}: {MARKS.get(c['status'], '')} {c['status']}; {_md_reason(c['evidence'])}", ""]
 
 
 def _delta_table(res: RegressResult) -> list[str]:

@@ -7,6 +7,19 @@ one. Deadlines are absolute (request arrival + offset), so a late wake-up does n
 later token back. Failure modes (400s, streams that end early, a wrong usage count, a slow
 start) let tests check that the load generator reports them.
 
+A load model (all off by default) makes latency grow with load, so that the capacity of the server
+at a given SLO can be computed by hand (docs/harness.md, "The load model"):
+
+- ``running`` is the number of streams admitted and not yet finished. With ``--max-running K`` a
+  request that arrives while K streams run waits, first come first served, until one finishes;
+  that queue time is part of its TTFT.
+- The first token leaves ``(ttft_ms + ttft_slope_ms x running) x slower`` after admission, counting
+  the request itself in ``running``; each later message leaves ``(itl_ms + itl_slope_ms x running) x
+  slower`` after the previous one's deadline, with ``running`` read when that gap starts.
+- ``--slower F`` multiplies every time above (a build made F times slower, for regression tests).
+
+So a closed loop of C <= K requests in flight sees TPOT = (itl_ms + itl_slope_ms x C) x slower.
+
     python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
 With ``--queue-ms Q`` each request first waits Q ms as if queued, then its TTFT clock starts
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
 import os
@@ -85,6 +99,11 @@ class ServerConfig:
     metrics: bool = False  # serve /metrics: vLLM's queue/prefill/decode/inference histograms
     spec_tokens: int = 0  # with metrics: count vLLM's spec_decode counters as if drafting this many per step
     spec_accept_len: float = 0.0  # ... with each verification step yielding this many tokens on average
+    # the load model (see the module docstring): latency grows with the streams running
+    itl_slope_ms: float = 0.0  # added to each gap per running stream
+    ttft_slope_ms: float = 0.0  # added to TTFT per running stream (the request itself included)
+    max_running: int = 0  # admit at most this many streams; later ones queue (0: no cap)
+    slower: float = 1.0  # multiply every time of the model (ttft, itl, their slopes, prefill)
     slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
     slow_ms: float = 0.0  # added to the TTFT of those requests
 
@@ -99,7 +118,11 @@ class StreamRecord(NamedTuple):
     messages: int
     tokens: int
     prompt_tokens: int
-    scheduled: float = 0.0  # when its queue wait ended (arrived + queue_ms)
+    scheduled: float = 0.0  # when its queue waits ended (admitted + queue_ms)
+    admitted: float = 0.0  # when it left the --max-running queue (== arrived when it did not wait)
+    running: int = 0  # streams running when it was admitted, itself included
+    first_due: float = 0.0  # the load model's deadline of the first message (sent at or after it)
+    last_due: float = 0.0  # and of the last: the schedule without the server's own lateness
 
 
 # 0.5 ms to about 2 minutes, each bucket 2% wider than the one before: a quantile read from them is
@@ -177,6 +200,8 @@ class TestServer:
         self.requests = 0
         self.active = 0
         self.max_active = 0
+        self.running = 0  # streams admitted by the load model and not finished
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()  # the --max-running queue
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
@@ -307,28 +332,64 @@ class TestServer:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            await self._stream(resp, request.transport, arrived, len(prompt), max_tokens, include_usage, n)
+            admitted = await self._admit(arrived)
+            try:
+                await self._stream(resp, request.transport, arrived, admitted, len(prompt), max_tokens,
+                                   include_usage, n)
+            finally:
+                self._release()
         finally:
             self.active -= 1
         return resp
 
-    async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float, prompt_len: int, max_tokens: int,
-                      include_usage: bool, n: int) -> None:
+    async def _admit(self, arrived: float) -> float:
+        """Wait for a running slot under --max-running (first come, first served); when admitted."""
+        cap = self.config.max_running
+        if cap and (self.running >= cap or self.waiting):
+            turn = asyncio.get_running_loop().create_future()
+            self.waiting.append(turn)
+            try:
+                await turn  # _release hands this request the slot it frees: running is not decremented
+            except asyncio.CancelledError:
+                if turn in self.waiting:
+                    self.waiting.remove(turn)
+                elif turn.done() and not turn.cancelled():  # it was handed a slot: pass it on
+                    self._release()
+                raise
+            return time.monotonic()
+        self.running += 1
+        return arrived
+
+    def _release(self) -> None:
+        """A stream ended: its slot goes to the oldest waiting request, else becomes free."""
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.running -= 1
+
+    async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float,
+                      admitted: float, prompt_len: int, max_tokens: int, include_usage: bool, n: int) -> None:
         cfg = self.config
-        scheduled = arrived + cfg.queue_ms / 1e3
-        first = scheduled + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        f = cfg.slower
+        running_at_admission = self.running
+        scheduled = admitted + cfg.queue_ms / 1e3  # the --max-running wait, then the fixed --queue-ms one
+        first = scheduled + f * ((cfg.ttft_ms + cfg.ttft_slope_ms * self.running) / 1e3
+                                 + prompt_len * cfg.prefill_us_per_token / 1e6)
         if cfg.slow_every and n % cfg.slow_every == 0:
             first += cfg.slow_ms / 1e3
-        gap = cfg.itl_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
         head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
         sent = 0
         message = 0
         first_sent = 0.0
         late_ms = self.late_ms
+        due = first
         while sent < max_tokens:
             count = min(k, max_tokens - sent)
-            due = first + message * gap
+            if message:  # the gap starts at the previous deadline, priced at the streams running now
+                due += f * (cfg.itl_ms + cfg.itl_slope_ms * self.running) / 1e3
             # uvloop's timers count whole milliseconds and may wake a little early: sleep again
             # until the deadline has really passed, so the configured timing is a floor
             while (delay := due - time.monotonic()) > 0:
@@ -347,11 +408,14 @@ class TestServer:
             message += 1
             finish = '"length"' if sent == max_tokens else "null"
             await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
-        record = StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, scheduled)
+        record = StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, scheduled=scheduled,
+                              admitted=admitted, running=running_at_admission, first_due=first, last_due=due)
         if len(self.done) < 1_000_000:
             self.done.append(record)
         if self.phases is not None:  # before the stream ends, so a scrape after the client's end sees it
             self.phases.observe(record)
+            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, admitted,
+                                          running_at_admission, first, due))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
@@ -382,14 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
-    p.add_argument("--queue-ms", type=float, default=0.0, help="hold each request this long, as queued, "
-                   "before its TTFT clock starts")
-    p.add_argument("--metrics", action="store_true", help="serve /metrics with vLLM's queue, prefill, decode "
-                   "and inference histograms")
-    p.add_argument("--spec-tokens", type=int, default=0, help="with --metrics: count vLLM's spec_decode counters "
-                   "as if drafting K tokens per step")
-    p.add_argument("--spec-accept-len", type=float, default=0.0, help="with --spec-tokens: tokens each "
-                   "verification step yields (1..K+1)")
+            self.done.append(record)
+        if self.phases is not None:  # before the stream ends, so a scrape after the client's end sees it
+            self.phases.observe(record)
     p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
@@ -404,7 +463,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after, queue_ms=args.queue_ms,
         metrics=args.metrics, spec_tokens=args.spec_tokens, spec_accept_len=args.spec_accept_len,
-        slow_every=args.slow_every, slow_ms=args.slow_ms,
+        itl_slope_ms=args.itl_slope_ms, ttft_slope_ms=args.ttft_slope_ms, max_running=args.max_running,
+        slower=args.slower, slow_every=args.slow_every, slow_ms=args.slow_ms,
     )
 
 
@@ -413,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.spec_tokens and not 1.0 <= args.spec_accept_len <= args.spec_tokens + 1:
         parser.error(f"--spec-accept-len must be from 1 to --spec-tokens + 1 ({args.spec_tokens + 1})")
+    if args.slower <= 0 or args.max_running < 0 or args.itl_slope_ms < 0 or args.ttft_slope_ms < 0:
+        parser.error("--slower must be positive; --max-running, --itl-slope-ms and --ttft-slope-ms not negative")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run

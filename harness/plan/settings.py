@@ -32,8 +32,11 @@ from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 
 Config = Any  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
-SWEEP, BACKFILL, BISECT, SUITE_RUN = "sweep", "backfill", "bisect", "suite run"
+SWEEP, BACKFILL, BISECT, SUITE_RUN, CAPACITY = "sweep", "backfill", "bisect", "suite run", "capacity"
 COMMANDS = (SWEEP, BACKFILL, BISECT, SUITE_RUN)
+# `k2bench capacity` takes the sweep's settings except these: the search picks the levels (closed or rate),
+# one trial each, and evaluations belong to a sweep
+NOT_IN_CAPACITY = frozenset({"conc", "rate", "trials", "eval", "eval_data", "eval_limit"})
 EVERYWHERE = frozenset({SWEEP, BACKFILL, BISECT})  # where a new setting goes unless it says otherwise
 API_KEY_ENV = "K2BENCH_API_KEY"
 
@@ -290,6 +293,13 @@ FILE_KEYS: dict[str, Setting] = {s.name: s for s in SETTINGS if s.key}  # the jo
 WORKLOAD_KEYS = ("workload", "isl", "osl")  # together they give the config's one Workload
 
 
+def takes(s: Setting, command: str) -> bool:
+    """Does ``command`` take setting ``s`` as a flag?"""
+    if command == CAPACITY:
+        return SWEEP in s.commands and s.name not in NOT_IN_CAPACITY
+    return command in s.commands
+
+
 def default(name: str) -> Any:
     return BY_NAME[name].default
 
@@ -307,7 +317,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
     the command's own arguments to that group (e.g. --db under recording)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for s in SETTINGS:
-        if command not in s.commands:
+        if not takes(s, command):
             continue
         if s.group not in groups:
             groups[s.group] = parser.add_argument_group(GROUPS[s.group])
@@ -329,7 +339,7 @@ def from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """The settings given on ``command``'s line, parsed and checked (absent ones are left out)."""
     given = {}
     for s in SETTINGS:
-        raw = getattr(args, s.name, None) if command in s.commands else None
+        raw = getattr(args, s.name, None) if takes(s, command) else None
         if raw is None or raw is False or raw == []:
             continue
         value = s.parse(raw, s.flag)
@@ -457,4 +467,4 @@ def check_job(fields: Mapping[str, Any], where: str) -> None:
 
 
 def flags_of(command: str) -> Iterable[str]:
-    return (s.flag for s in SETTINGS if command in s.commands)
+    return (s.flag for s in SETTINGS if takes(s, command))

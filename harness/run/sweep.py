@@ -13,7 +13,7 @@ import contextlib
 import math
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +140,19 @@ class LevelEvents:
     level_start: Callable[[int, int, int], Callable[[RequestRecord], None] | None] | None = None  # conc, trial, total
     level_done: Callable[[dict], None] | None = None
     message: Callable[[str], None] | None = None
+    run_extra: Callable[[], dict] | None = None  # keys merged into the run's extra before it is finished
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level to measure: a concurrency (closed loop) or a rate (open loop, requests/s). Counts left
+    None come from the config (prompts_for / warmup_for, rate_count)."""
+
+    concurrency: int | None
+    rate: float | None = None
+    trial: int = 0
+    num_prompts: int | None = None
+    warmup: int | None = None
 
 
 # Exit codes of `k2bench sweep` (and the meaning of SweepResult.exit_code)
@@ -236,9 +249,11 @@ def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir
         tel.close()
 
 
-def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResult:
+def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterable[Level] | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
-    a sweep that measured nothing leaves nothing behind."""
+    a sweep that measured nothing leaves nothing behind. ``plan`` replaces the config's levels x trials
+    with levels chosen as the sweep goes (the capacity search: the next is asked for once the last is
+    stored)."""
     from k2bench.harness.measure.metrics import summarize_level
     from k2bench.harness.store import Store
     from k2bench.harness.store.heartbeat import Heartbeat
@@ -267,13 +282,16 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
-            plans = [(c, None, t) for c in cfg.levels for t in range(cfg.trials)]
-            plans += [(None, r, t) for r in cfg.rates for t in range(cfg.trials)]
-            for conc, rate, trial in plans:
+            if plan is None:
+                plan = [Level(c, trial=t) for c in cfg.levels for t in range(cfg.trials)]
+                plan += [Level(None, rate=r, trial=t) for r in cfg.rates for t in range(cfg.trials)]
+            for level in plan:
+                conc, rate, trial = level.concurrency, level.rate, level.trial
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
                 if rate is None:
                     name = f"concurrency {conc}"
-                    n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
+                    n = cfg.prompts_for(conc) if level.num_prompts is None else level.num_prompts
+                    warm = cfg.warmup_for(conc) if level.warmup is None else level.warmup
                     # one distinct prompt per request, warmup included: a server with prefix caching
                     # must not get measured requests it has already seen
                     prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
@@ -285,9 +303,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 else:
                     name = f"rate {rate:g}/s"
                     level_seed = schedule.level_seed(w.seed, rate, trial)
-                    offsets, warm = schedule.level_schedule(
-                        rate, cfg.rate_count(rate), cfg.rate_count(rate, warmup=True) or 0, cfg.burstiness,
-                        level_seed, cfg.ramp_up_s, cfg.duration_s)
+                    count = cfg.rate_count(rate) if level.num_prompts is None else level.num_prompts
+                    warm = (cfg.rate_count(rate, warmup=True) or 0) if level.warmup is None else level.warmup
+                    offsets, warm = schedule.level_schedule(rate, count, warm, cfg.burstiness, level_seed,
+                                                            cfg.ramp_up_s, cfg.duration_s)
                     n, conc = len(offsets) - warm, openloop.in_flight_cap(cfg.max_inflight, len(offsets))
                     prompts = prompt_gen.build_prompts(w, len(offsets), base_url=srv.url, model=request_model,
                                                        vocab=vocab, seed=level_seed + 1)
@@ -353,6 +372,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
             if result.status != "complete":
                 result.status = "partial" if any(p["valid"] for p in result.points) else "failed"
             if result.run_id is not None:
+                if events.run_extra:
+                    store.update_run_extra(result.run_id, events.run_extra())
                 store.finish_run(result.run_id, result.status)
                 if cfg.json_path:
                     from k2bench.harness.record import runjson

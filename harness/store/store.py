@@ -178,6 +178,14 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
             s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
                       .values(heartbeat_at=self.clock(s)))
 
+    def update_run_extra(self, run_id: int, fields: dict) -> None:
+        """Merge ``fields`` into the run's extra (what a command learns only after its levels, e.g. the
+        capacity search's result)."""
+        with self._writer() as s:
+            run = self._require_run(s, run_id)
+            extra = {**(run.extra or {}), **fields}
+            s.execute(update(Run).where(Run.id == run.id).values(extra=extra, updated_at=_utcnow()))
+
     def finish_run(self, run_id: int, status: str) -> None:
         """Mark a run complete, partial (interrupted, finished levels kept) or failed."""
         if status not in ("complete", "partial", "failed"):

@@ -64,8 +64,8 @@ def test_every_store_command_shares_one_db_argument() -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     with_db = {name for name, p in sub.choices.items() if any("--db" in a.option_strings for a in p._actions)}
-    assert with_db == {"sweep", "runs", "show", "export", "import", "regress", "changepoints", "dashboard",
-                       "backfill", "bisect", "profile-diff"}
+    assert with_db == {"sweep", "capacity", "runs", "show", "export", "import", "regress", "changepoints",
+                       "dashboard", "backfill", "bisect", "profile-diff"}
     for name in with_db:
         action = next(a for a in sub.choices[name]._actions if "--db" in a.option_strings)
         assert action.help == common.DB_HELP and action.default is None

@@ -5,7 +5,7 @@ without an SLO; `k2bench show --slo` computes them from the stored requests afte
 Plain ADD COLUMNs (nullable, no default): no table rebuild on SQLite.
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-02
 """
 
