@@ -414,8 +414,6 @@ class TestServer:
             self.done.append(record)
         if self.phases is not None:  # before the stream ends, so a scrape after the client's end sees it
             self.phases.observe(record)
-            self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, admitted,
-                                          running_at_admission, first, due))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
@@ -446,9 +444,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
-            self.done.append(record)
-        if self.phases is not None:  # before the stream ends, so a scrape after the client's end sees it
-            self.phases.observe(record)
+    p.add_argument("--queue-ms", type=float, default=0.0, help="hold each request this long, as queued, "
+                   "before its TTFT clock starts")
+    p.add_argument("--metrics", action="store_true", help="serve /metrics with vLLM's queue, prefill, decode "
+                   "and inference histograms")
+    p.add_argument("--spec-tokens", type=int, default=0, help="with --metrics: count vLLM's spec_decode counters "
+                   "as if drafting K tokens per step")
+    p.add_argument("--spec-accept-len", type=float, default=0.0, help="with --spec-tokens: tokens each "
+                   "verification step yields (1..K+1)")
+    p.add_argument("--itl-slope-ms", type=float, default=0.0, help="load model: each gap grows this much per "
+                   "running stream")
+    p.add_argument("--ttft-slope-ms", type=float, default=0.0, help="load model: TTFT grows this much per "
+                   "running stream")
+    p.add_argument("--max-running", type=int, default=0, help="load model: streams served at once; later "
+                   "requests queue, and the wait is part of their TTFT (0: no cap)")
+    p.add_argument("--slower", type=float, default=1.0, help="multiply every time of the model (a slower build)")
     p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
