@@ -7,7 +7,9 @@
 #   3. alone: the same one-wave levels in the engine alone, each at every step budget in $BUDGETS
 #      (bench/engine_wave_bench.py -> $OUT/wave/wave_bench.json): the TTFT p50 against ITL p99 curve, and
 #      the full-batch decode step split into GPU time and host phases;
-#   4. the table of served beside alone (bench/served_vs_alone.py -> $OUT/served_vs_alone.json) and the
+#   4. the float32 check (bench/engine_gpu_bench.py --check-only -> $OUT/float32_check.json): triton against
+#      torch with the torch backend's own spread under last-bit input noise beside it (F32CHECK=0: skipped);
+#   5. the table of served beside alone (bench/served_vs_alone.py -> $OUT/served_vs_alone.json) and the
 #      budget curve.
 # Each stage is cut at what is left of $DEADLINE seconds; the wave bench writes its JSON after every wave.
 #   OUT=/tmp/out [LAYERS=3] [BUDGETS=1024,2048,4096,8192] [DEADLINE=400] bash bench/gpu_serving.sh
@@ -16,7 +18,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-3}
 SERVED_BUDGET=8192  # RuntimeConfig's default max_num_batched_tokens: what the sweep's server runs
-BUDGETS=${BUDGETS:-1024,2048,4096,8192}
+BUDGETS=${BUDGETS:-2048,1024,4096,8192}  # most telling first: a cut wave bench keeps those
 WAVE_CONC=${WAVE_CONC:-4,128,32}  # 4 first (served vs alone), then the curve at 128, then 32 if time is left
 SERVED_CONC=${SERVED_CONC:-4,32}
 DEADLINE=${DEADLINE:-400}
@@ -48,6 +50,12 @@ fi
 log "memory per layer at tp $TP_LIST (limit $(cap 70)s)"
 timeout "$(cap 70)" python3 bench/layer_memory.py --model "$CKPT" --device "$DEVICE" --tp "$TP_LIST" --out "$OUT" 2>&1 \
   | tee -a "$OUT/run.log" | grep -v "^ *$" | head -40
+
+if [ "$DRY" = 0 ] && [ "${F32CHECK:-1}" = 1 ]; then
+  log "float32 check with torch's own spread (limit $(cap 80)s)"
+  timeout "$(cap 80)" python3 bench/engine_gpu_bench.py --model "$CKPT" --variants torch,triton --check-only --out "$OUT" 2>&1 \
+    | tee -a "$OUT/run.log" | grep -E "float32 check|Error" | head -12
+fi
 
 log "served: one-wave levels $SERVED_CONC at budget $SERVED_BUDGET (limit $(cap 110)s)"
 timeout --signal=TERM --kill-after=15 "$(cap 110)" k2bench sweep --engine bundled --model "$CKPT" --tp 1 \
