@@ -23,6 +23,7 @@ WAVE_CONC=${WAVE_CONC:-4,128,32}  # 4 first (served vs alone), then the curve at
 SERVED_CONC=${SERVED_CONC:-4,32}
 DEADLINE=${DEADLINE:-400}
 WORK=/tmp/k2bench-serving
+START=$(date +%s)  # the deadline counts from here, the setup included
 if [ "${1:-}" = "--dry-run" ]; then
   DRY=1 OUT=${OUT%/}/dry DEVICE=cpu ISL=64 OSL=8 BUDGETS=32,128 WAVE_CONC=2,4 SERVED_CONC=2,4 SERVED_BUDGET=128
   TP_LIST=1,2 CKPT=$WORK/tiny KV=0.05 DEADLINE=${DEADLINE_DRY:-900}
@@ -33,7 +34,6 @@ else
   [ -n "${T0:-}" ] || . bench/gpu_setup.sh
 fi
 mkdir -p "$WORK" "$OUT/wave"
-START=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }  # a stage's limit: its own, or what is left
 

@@ -131,10 +131,13 @@ def main() -> int:
     device = torch.device(args.device)
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     rows, proj = [], []
+    doc = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+           "backend": backend, "measured": rows, "projection": proj}
     for tp in (int(t) for t in args.tp.split(",")):
         row = measure(args.model, device, tp, backend)
         rows.append(row)
         proj.append(project(row, args.full_layers, args.full_dense, args.kv_tokens))
+        (args.out / "layer_memory.json").write_text(json.dumps(doc, indent=1))  # after each size: a cut run keeps them
         alloc = row["allocated_bytes"]
         print(f"tp {tp} rank 0: counted {row['counted_bytes'] / GIB:.3f} GiB"
               + (f", allocator {alloc / GIB:.3f} GiB" if alloc is not None else ""), flush=True)
@@ -146,9 +149,6 @@ def main() -> int:
     for p in proj:
         print(f"{p['tp']:>3} {p['dense_layer_gib']:>12.3f} {p['moe_layer_gib']:>10.3f} {p['non_layer_gib']:>10.3f} "
               f"{p['weights_gib']:>9.2f} {p['kv_gib']:>8.2f} {p['total_gib']:>10.2f}")
-    doc = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "backend": backend, "measured": rows, "projection": proj}
-    (args.out / "layer_memory.json").write_text(json.dumps(doc, indent=1))
     return 0
 
 
