@@ -11,7 +11,10 @@ wave's first step) and what a full-batch decode step costs next to its graph rep
 TTFT and TPOT come from the step end times, with the harness's definition: TPOT = (last token - first
 token) / (tokens - 1). One mixed step and one full-batch decode step can be profiled (--profile).
 
-    python bench/engine_wave_bench.py --model /tmp/k2-width-3 --conc 128 --isl 8192 --osl 1024 --out /tmp/out
+    python bench/engine_wave_bench.py --model /tmp/k2-width-3 --conc 32,128 --budgets 1024,2048,4096,8192 --out /tmp/out
+
+Each (concurrency, budget) pair is one wave on the same engine; its row has TTFT p50, TPOT p50 and ITL p99
+(every gap between two tokens of a request), the points of the budget curve.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from k2bench.engine.runtime.build import EngineOptions, build_engine
@@ -134,7 +138,9 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
                       "gpu_ms": ev[0].elapsed_time(ev[1]) if ev else (t[2] - t[1]) * 1e3, **{f"{k}_ms": v * 1e3 for k, v in ph.items()}})
     ttft = sorted((token_times[s.seq_id][0] - t_start) * 1e3 for s in seqs)
     tpot = sorted((tt[-1] - tt[0]) * 1e3 / (len(tt) - 1) for tt in token_times.values() if len(tt) > 1)
-    return {"steps": steps, "ttft_ms": ttft, "tpot_ms": tpot, "duration_s": time.perf_counter() - t_start}
+    # the harness's ITL: every gap between two tokens of a request (one token per step here)
+    itl = sorted((b - a) * 1e3 for tt in token_times.values() for a, b in zip(tt[:-1], tt[1:], strict=True))
+    return {"steps": steps, "ttft_ms": ttft, "tpot_ms": tpot, "itl_ms": itl, "duration_s": time.perf_counter() - t_start}
 
 
 def _med(xs: list[float]) -> float:
@@ -168,6 +174,7 @@ def summarise(wave: dict, conc: int) -> dict:
         "compiles": [[i, s["compiled"]] for i, s in enumerate(wave["steps"]) if s["compiled"]],
         "ttft_ms_p50": round(_med(wave["ttft_ms"]), 1), "ttft_ms_max": round(max(wave["ttft_ms"]), 1),
         "tpot_ms_p50": round(_med(wave["tpot_ms"]), 3),
+        "itl_ms_p99": round(float(np.percentile(wave["itl_ms"], 99, method="linear")), 2) if wave["itl_ms"] else None,
     }
     for kind, rows in (("mixed", mixed), ("full_decode", full)):
         for p in PHASES:
@@ -178,7 +185,7 @@ def summarise(wave: dict, conc: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--conc", type=int, default=128)
+    ap.add_argument("--conc", default="128", help="comma list of concurrencies; each runs every budget")
     ap.add_argument("--isl", type=int, default=8192)
     ap.add_argument("--osl", type=int, default=1024)
     ap.add_argument("--budgets", default=str(RuntimeConfig.max_num_batched_tokens),
@@ -189,31 +196,34 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rt = RuntimeConfig(max_num_seqs=args.conc, max_model_len=args.isl + args.osl + 64,
+    concs = [int(c) for c in args.conc.split(",")]
+    rt = RuntimeConfig(max_num_seqs=max(concs), max_model_len=args.isl + args.osl + 64,
                        kv_cache_memory=args.kv_cache_memory)
     eng = build_engine(EngineOptions(model=args.model, device=args.device, backend="triton" if args.device == "cuda" else "torch",
                                      runtime=rt))
     # As `k2bench serve` starts: the engine's warm-up (per-shape attention plans), then a short wave so the
     # kernels of the prefill and decode paths are compiled, as the sweep's lower levels would have done.
     eng.warm_up()
-    run_wave(eng, _prompts(min(args.conc, 4), args.isl, 1), 8)
+    run_wave(eng, _prompts(min(concs[0], 4), args.isl, 1), 8)
     compiles = CompileLog()
     rows = []
-    for i, budget in enumerate(int(b) for b in args.budgets.split(",")):
+    cases = [(c, int(b)) for c in concs for b in args.budgets.split(",")]
+    for i, (conc, budget) in enumerate(cases):
         eng.scheduler.config.max_num_batched_tokens = budget
-        wave = run_wave(eng, _prompts(args.conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None,
+        wave = run_wave(eng, _prompts(conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None,
                         compiles)
-        row = {"budget": budget, "conc": args.conc, "isl": args.isl, "osl": args.osl, **summarise(wave, args.conc)}
+        row = {"budget": budget, "conc": conc, "isl": args.isl, "osl": args.osl, **summarise(wave, conc)}
         rows.append(row)
-        (args.out / f"wave_steps_{i}_{budget}.json").write_text(json.dumps(wave))
-        print(f"budget {budget}: {row['steps']} steps in {row['duration_s']:.1f} s; {row['mixed_steps']} mixed "
+        (args.out / f"wave_steps_{conc}_{budget}.json").write_text(json.dumps(wave))
+        (args.out / "wave_bench.json").write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))  # so far
+        print(f"conc {conc} budget {budget}: {row['steps']} steps in {row['duration_s']:.1f} s; {row['mixed_steps']} mixed "
               f"({row['mixed_total_s']:.1f} s, median {row['mixed_step_ms_median']:.1f} ms for "
               f"{row['mixed_prefill_tokens_median']:.0f} prefill + {row['mixed_decodes_median']:.0f} decode tokens, "
               f"{row['mixed_gpu_ms_per_decode']:.3f} ms more GPU time per decode); "
               f"first step {row['first_step_ms']:.1f} ms for {row['first_step_prefill_tokens']} prefill tokens; "
               f"full-batch decode {row['full_decode_step_ms_median']:.2f} ms (execute+copies on GPU "
               f"{row['full_decode_gpu_ms_median']:.2f}); TTFT p50 {row['ttft_ms_p50']:.0f} ms, max "
-              f"{row['ttft_ms_max']:.0f}; TPOT p50 {row['tpot_ms_p50']:.2f} ms", flush=True)
+              f"{row['ttft_ms_max']:.0f}; TPOT p50 {row['tpot_ms_p50']:.2f} ms; ITL p99 {row['itl_ms_p99']} ms", flush=True)
         for step, names in row["compiles"]:
             print(f"  step {step} compiled {', '.join(names)} ({wave['steps'][step]['ms']:.0f} ms)", flush=True)
         print("  mixed phases (ms): " + "  ".join(f"{p} {row[f'mixed_{p}_ms_median']:.2f}" for p in PHASES)

@@ -118,9 +118,13 @@ class ModelRunner:
         return row
 
     def prepare(self, sched: SchedulerOutput) -> StepInputs:
+        """The step's input tensors, built from Python lists in one `torch.tensor` call (split into views):
+        each call costs microseconds of host time per step, which a decode step at low concurrency does
+        not hide behind the device."""
         ids: list[int] = []
         starts: list[int] = []
-        lens: list[int] = []
+        cu: list[int] = [0]
+        ctx: list[int] = []
         rows: list[int] = []
         samp: list[int] = []
         total = 0
@@ -132,35 +136,36 @@ class ModelRunner:
             else:
                 ids.extend(seq.token_ids[start : start + n])
             starts.append(start)
-            lens.append(n)
             rows.append(self._row_of(seq))
             total += n
+            cu.append(total)
+            ctx.append(start + n)
             if s.samples:
                 samp.append(total - 1)
             max_ctx = max(max_ctx, start + n)
-        lens_t = torch.tensor(lens, dtype=torch.int64)
-        starts_t = torch.tensor(starts, dtype=torch.int64)
-        cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
-        torch.cumsum(lens_t, 0, out=cu[1:])
-        mb = blocks_for(max_ctx, self.block_size)
-        bt = self._bt.index_select(0, torch.tensor(rows, dtype=torch.int64))[:, :mb]
         bs = self.block_size
-        if total == len(lens):  # pure decode: one token per sequence, its slot read off the block list
+        decode = total == len(starts)  # pure decode: one token per sequence, its slot read off the block list
+        slots = [s.seq.block_table[s.start // bs] * bs + s.start % bs for s in sched.seqs] if decode else []
+        parts = (ids, starts, cu, ctx, rows, samp, slots)
+        ids_t, starts_t, cu_t, ctx_t, rows_t, samp_t, slots_t = torch.split(
+            torch.tensor([x for part in parts for x in part], dtype=torch.int64), [len(part) for part in parts])
+        mb = blocks_for(max_ctx, bs)
+        bt = self._bt.index_select(0, rows_t)[:, :mb]
+        if decode:
             positions = starts_t
-            slots = torch.tensor([s.seq.block_table[s.start // bs] * bs + s.start % bs for s in sched.seqs],
-                                 dtype=torch.int64)
         else:
-            seq_idx = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
-            positions = torch.arange(total, dtype=torch.int64) - cu[:-1][seq_idx] + starts_t[seq_idx]
-            slots = bt[seq_idx, positions // bs] * bs + positions % bs
+            lens_t = cu_t[1:] - cu_t[:-1]
+            seq_idx = torch.repeat_interleave(torch.arange(len(starts)), lens_t)
+            positions = torch.arange(total, dtype=torch.int64) - cu_t[:-1][seq_idx] + starts_t[seq_idx]
+            slots_t = bt[seq_idx, positions // bs] * bs + positions % bs
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64),
+            input_ids=ids_t,
             positions=positions,
-            cu_seqlens=cu,
-            context_lens=starts_t + lens_t,
-            slot_mapping=slots,
+            cu_seqlens=cu_t,
+            context_lens=ctx_t,
+            slot_mapping=slots_t,
             block_tables=bt,
-            sample_idx=torch.tensor(samp, dtype=torch.int64),
+            sample_idx=samp_t,
         )
 
     # ---- every rank: run the model ----------------------------------------------------------

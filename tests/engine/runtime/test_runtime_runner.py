@@ -110,3 +110,45 @@ def test_host_threads_on_a_gpu_are_one_unless_the_user_set_them(monkeypatch):
         assert torch.get_num_threads() == 2  # 8 cores over 4 ranks
     finally:
         torch.set_num_threads(before)
+
+
+def test_step_inputs_match_a_per_token_reference_in_mixed_and_decode_steps():
+    """`prepare` builds its tensors from one packed list; every field must equal what the scheduler's output
+    says token by token (ids, positions, cache slots off the block lists, offsets, sampled rows)."""
+    eng, _ = build(64, 4, 24)
+    for p in prompts(6, seed=3):
+        eng.add(Sequence(p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)))
+    kinds = set()
+    while eng.has_work:
+        sched = eng.scheduler.schedule(0.0)
+        for seq in sched.preempted:
+            eng.runner.release(seq)
+        if sched.empty:
+            continue
+        inp = eng.runner.prepare(sched)
+        ids, pos, slots, cu, ctx, samp = [], [], [], [0], [], []
+        for s in sched.seqs:
+            for p in range(s.start, s.start + s.num_new):
+                ids.append(s.seq.token_ids[p])
+                pos.append(p)
+                slots.append(s.seq.block_table[p // 4] * 4 + p % 4)
+            cu.append(cu[-1] + s.num_new)
+            ctx.append(s.start + s.num_new)
+            if s.samples:
+                samp.append(cu[-1] - 1)
+        assert inp.input_ids.tolist() == ids
+        assert inp.positions.tolist() == pos
+        assert inp.slot_mapping.tolist() == slots
+        assert inp.cu_seqlens.tolist() == cu
+        assert inp.context_lens.tolist() == ctx
+        assert inp.sample_idx.tolist() == samp
+        for b, s in enumerate(sched.seqs):
+            n = len(s.seq.block_table[: inp.block_tables.shape[1]])
+            assert inp.block_tables[b, :n].tolist() == s.seq.block_table[:n]
+        kinds.add("decode" if len(ids) == len(sched.seqs) else "mixed")
+        logits = eng.runner.execute(inp)
+        eng.scheduler.postprocess(sched, eng.runner.sample(logits, sched))
+        for s in sched.seqs:
+            if s.seq.is_finished:
+                eng.runner.release(s.seq)
+    assert kinds == {"decode", "mixed"}  # both paths of `prepare` were checked
