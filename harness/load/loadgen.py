@@ -37,6 +37,7 @@ from k2bench.harness.load.level_watch import (
     LevelWatch,
 )
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
@@ -57,6 +58,16 @@ except ImportError:  # pragma: no cover - depends on the environment
     _NUMPY = 0
 
 READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
+# Test-only: burn this many microseconds of CPU per chunk read, to show that a saturated client makes
+# its level invalid (tests/harness/test_client_saturation.py). Read once, at import.
+BURN_ENV = "K2BENCH_TEST_BURN_US_PER_CHUNK"
+_BURN_NS = int(float(os.environ.get(BURN_ENV) or 0) * 1e3)
+
+
+def _burn() -> None:
+    end = time.thread_time_ns() + _BURN_NS
+    while time.thread_time_ns() < end:
+        pass
 
 
 def event_loop_name() -> str:
@@ -238,6 +249,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
                 if not chunk:
                     break
                 t = now()  # arrival: before any splitting or parsing
+                if _BURN_NS:
+                    _burn()
                 if tail:
                     chunk = tail + chunk
                 if b"\r" in chunk:
@@ -307,7 +320,8 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
 async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                     on_done: Callable[[RequestRecord], None] | None = None,
                     watch: LevelWatch | None = None,
-                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None) -> list[RequestRecord]:
+                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                    meter: SelfMeter | None = None) -> list[RequestRecord]:
     """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
 
     Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
@@ -315,7 +329,7 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     stops the level early, only the requests that were sent are returned (see ``watch.stopped``).
     ``on_window`` (start, end) brackets the measured requests: start runs once every warmup request
     has finished, end once every measured one has (telemetry windows; both are blocking calls, run in a
-    worker thread).
+    worker thread). ``meter`` measures the client over the measured requests (see selfmeasure).
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -342,9 +356,13 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
             if watch.stopped is None:
                 if on_window is not None:
                     await asyncio.to_thread(on_window[0])  # off the loop: a server in this process still answers
+                if meter is not None:
+                    meter.start()
                 try:
                     await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done, watch)
                 finally:
+                    if meter is not None:
+                        meter.stop()
                     if on_window is not None:
                         await asyncio.to_thread(on_window[1])
     finally:

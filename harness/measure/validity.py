@@ -2,7 +2,9 @@
 
 A level is valid when none of its measured requests failed (or no more than ``--max-failure-rate``
 of them), none timed out, every output had the requested length (unless ``--allow-osl-mismatch``),
-and it was not cut short. An invalid level is still stored, records and all, with its reason, but
+it was not cut short, and the client was not the bottleneck: its busiest event loop used at most
+``--max-client-cpu`` of a core and ran callbacks no later than ``--max-loop-lag-ms`` at p99 (see
+k2bench.harness.load.selfmeasure; docs/harness.md, "The client's own load"). An invalid level is still stored, records and all, with its reason, but
 frontiers, the gate, change points and the dashboard's default views leave it out: a level
 summarised from the few requests that finished before a server died is not a data point.
 """
@@ -21,11 +23,38 @@ from k2bench.harness.load.records import RequestRecord
 class ValidityRules:
     max_failure_rate: float = 0.0  # as MLPerf treats errors: any failure invalidates the level
     allow_osl_mismatch: bool = False
+    # Above 90% of a core a single-threaded loop's waits grow steeply (u / (1 - u) service times: 9 at
+    # 0.9); genai-bench warns at the same mark.
+    max_client_cpu: float = 0.9
+    # A p99 callback delay of 10 ms: at most 1% of stamps late by more than 10 ms, under a TPOT's
+    # 1% at the 1 s-scale E2E latencies and well under the ~20-50 ms ITLs of real decode.
+    max_loop_lag_ms: float = 10.0
 
     def validate(self) -> None:
         if not 0 <= self.max_failure_rate < 1:
             raise UserError(f"--max-failure-rate must be at least 0 and below 1 (a fraction of the level's "
                             f"requests), not {self.max_failure_rate:g}")
+        if not self.max_client_cpu > 0:
+            raise UserError(f"--max-client-cpu must be a positive fraction of a core, not {self.max_client_cpu:g}")
+        if not self.max_loop_lag_ms > 0:
+            raise UserError(f"--max-loop-lag-ms must be positive, not {self.max_loop_lag_ms:g}")
+
+
+def client_bottleneck(client: dict | None, rules: ValidityRules) -> str | None:
+    """Why the client, not the server, set the level's pace (None when it did not, or was not measured)."""
+    if not client:
+        return None
+    reasons = []
+    if client["busy_max"] > rules.max_client_cpu:
+        reasons.append(f"its busiest event loop used {client['busy_max']:.0%} of a core (> --max-client-cpu "
+                       f"{rules.max_client_cpu:g})")
+    if client["lag_p99_ms"] > rules.max_loop_lag_ms:
+        reasons.append(f"its event loop ran callbacks {client['lag_p99_ms']:.1f} ms late at p99 (> "
+                       f"--max-loop-lag-ms {rules.max_loop_lag_ms:g})")
+    if not reasons:
+        return None
+    more = "" if client["processes"] >= client["cores_available"] else "; more --client-procs may help"
+    return "the client was the bottleneck: " + " and ".join(reasons) + more
 
 
 def judge_level(point: dict, records: Sequence[RequestRecord], rules: ValidityRules, *, planned: int,
@@ -46,4 +75,7 @@ def judge_level(point: dict, records: Sequence[RequestRecord], rules: ValidityRu
     if mismatches and not rules.allow_osl_mismatch:
         reasons.append(f"{mismatches} output(s) differed from the requested length (--allow-osl-mismatch "
                        f"accepts them)")
+    client = client_bottleneck(point.get("client"), rules)
+    if client:
+        reasons.append(client)
     return (not reasons, "; ".join(reasons) or None)

@@ -188,6 +188,12 @@ SETTINGS: tuple[Setting, ...] = (
       example=900),
     S("max_failure_rate", float, "validity", "fraction of a level's requests that may fail with the level "
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
+    S("max_client_cpu", float, "validity", "a level whose busiest client event loop used more than this "
+      "fraction of a core is invalid: the client, not the server, set its pace", default=0.9,
+      check=positive, metavar="F", attr="rules.max_client_cpu", example=0.8),
+    S("max_loop_lag_ms", float, "validity", "a level whose client event loop ran callbacks later than this "
+      "at p99 (ms) is invalid: its stamps are late by as much", default=10.0, check=positive, metavar="MS",
+      attr="rules.max_loop_lag_ms", example=20),
     S("allow_osl_mismatch", bool, "validity", "keep a level valid when outputs differ from the requested "
       "length (default: invalid)", default=False, attr="rules.allow_osl_mismatch", example=True),
     S("eval", "evals", "accuracy", "evaluate TASK (k2bench eval --list) with CONC requests in flight (default: "

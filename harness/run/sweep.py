@@ -18,10 +18,12 @@ from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import crash, redact
+from k2bench.harness.load import selfmeasure
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
@@ -243,8 +245,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                  num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                 on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
+                meter = SelfMeter()
                 try:
-                    records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end)))
+                    records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end),
+                                                  meter=meter))
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
@@ -263,6 +267,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
                     point.update(tel.fields(point))
+                    point.update(selfmeasure.point_fields(selfmeasure.combine([meter.result]) if meter.result else None))
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
