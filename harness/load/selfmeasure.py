@@ -83,13 +83,13 @@ def combine(parts: list[dict], cores: int | None = None) -> dict:
     cores_given = min(len(parts), cores)
     wall = max(p["wall_s"] for p in parts)
     cpu = sum(p["cpu_s"] for p in parts)
-    cores = cpu / wall if wall > 0 else 0.0
+    used = cpu / wall if wall > 0 else 0.0
     return {
         "processes": len(parts), "cores_available": cores, "cores_given": cores_given, "cpu_s": cpu, "wall_s": wall,
-        "cpu_cores": cores, "cpu_share": cores / max(cores_given, 1),
+        "cpu_cores": used, "cpu_share": used / cores_given,
         "busy_max": max(p["busy"] for p in parts),
         "lag_p50_ms": max(p["lag_p50_ms"] for p in parts), "lag_p99_ms": max(p["lag_p99_ms"] for p in parts),
-        "lag_max_ms": max(p["lag_max_ms"] for p in parts),
+        "lag_max_ms": max(p["lag_max_ms"] for p in parts), "lag_samples": sum(p["lag_samples"] for p in parts),
         "per_process": [{k: p[k] for k in ("cpu_s", "busy", "lag_p50_ms", "lag_p99_ms")} for p in parts],
     }
 

@@ -1,0 +1,64 @@
+"""A client that cannot keep up makes its level invalid, with the reason; the same level unslowed is valid.
+
+The test-only switch K2BENCH_TEST_BURN_US_PER_CHUNK (loadgen._BURN_NS in-process) burns CPU on every chunk
+read, as a slow parser would: 8 streams at a message every 10 ms are 800 chunks/s, so 2 ms a chunk asks
+for 1.6 cores of a loop that has one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+
+from k2bench.harness.cli import main
+from k2bench.harness.load import loadgen
+from k2bench.harness.servers import launch
+
+
+@contextlib.contextmanager
+def serving(tmp_path, *args: str):
+    with launch.from_recipe("testserver", model="k2bench-test", extra_args=list(args), log_dir=tmp_path) as s:
+        yield s.base_url
+
+
+def sweep(tmp_path, url: str, name: str, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / f"{name}.json"
+    code = main(["sweep", "--url", url, "--isl", "16", "--osl", "64", "--conc", "8", "--num-prompts", "16",
+                 "--warmup", "8", "--gpus", "1", "--db", f"sqlite:///{tmp_path}/k.db", "--json", str(out),
+                 "--no-telemetry", *extra])
+    return code, json.loads(out.read_text())["points"][0]
+
+
+@pytest.mark.parametrize("burn_us", [0, 2000])
+def test_burning_client_is_invalid_with_the_reason(tmp_path, monkeypatch, capsys, burn_us: int) -> None:
+    monkeypatch.setattr(loadgen, "_BURN_NS", burn_us * 1000)
+    with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
+        # a loose lag bound: this test is about CPU, and a shared test machine delays a process at times
+        code, point = sweep(tmp_path, url, "burn", "--max-loop-lag-ms", "1000")
+    client = point["client"]
+    # one process, ticking every 5 ms (fewer ticks when the loop is saturated: they wait too)
+    assert client["processes"] == 1 and client["lag_samples"] >= 10
+    assert client["cores_available"] >= client["cores_given"] == 1
+    assert client["cpu_share"] == pytest.approx(client["cpu_cores"])
+    if burn_us:
+        assert code == 1, capsys.readouterr().err
+        assert not point["valid"]
+        assert "the client was the bottleneck" in point["invalid_reason"]
+        assert "--max-client-cpu" in point["invalid_reason"]
+        assert client["busy_max"] > 0.9 and point["client_cpu"] > 0.9
+    else:
+        assert code == 0, capsys.readouterr().err
+        assert point["valid"], point["invalid_reason"]
+        assert client["busy_max"] < 0.5
+    assert point["client_lag_p99_ms"] == client["lag_p99_ms"]
+
+
+def test_lag_bound_judges_the_loop(tmp_path, monkeypatch) -> None:
+    """The same burn, judged by the lag bound alone: each 2 ms burn holds every callback behind it."""
+    monkeypatch.setattr(loadgen, "_BURN_NS", 2_000_000)
+    with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
+        code, point = sweep(tmp_path, url, "lag", "--max-client-cpu", "5", "--max-loop-lag-ms", "1")
+    assert code == 1 and not point["valid"]
+    assert "--max-loop-lag-ms 1" in point["invalid_reason"] and "--max-client-cpu" not in point["invalid_reason"]
+    assert point["client"]["lag_p99_ms"] > 1.0
