@@ -2,8 +2,8 @@
 
 A level is valid when none of its measured requests failed (or no more than ``--max-failure-rate``
 of them), none timed out, every output had the requested length (unless ``--allow-osl-mismatch``),
-it was not cut short, and the client was not the bottleneck: its busiest event loop used at most
-``--max-client-cpu`` of a core and ran callbacks no later than ``--max-loop-lag-ms`` at p99 (see
+it was not cut short, and the client was not the bottleneck: its busiest event loop was running or
+waiting for a core no more than ``--max-client-cpu`` of the time and ran callbacks no later than ``--max-loop-lag-ms`` at p99 (see
 k2bench.harness.load.selfmeasure; docs/harness.md, "The client's own load"). An invalid level is still stored, records and all, with its reason, but
 frontiers, the gate, change points and the dashboard's default views leave it out: a level
 summarised from the few requests that finished before a server died is not a data point.
@@ -45,9 +45,9 @@ def client_bottleneck(client: dict | None, rules: ValidityRules) -> str | None:
     if not client:
         return None
     reasons = []
-    if client["busy_max"] > rules.max_client_cpu:
-        reasons.append(f"its busiest event loop used {client['busy_max']:.0%} of a core (> --max-client-cpu "
-                       f"{rules.max_client_cpu:g})")
+    if client["demand_max"] > rules.max_client_cpu:
+        reasons.append(f"its busiest event loop ran or waited for a core {client['demand_max']:.0%} of the time "
+                       f"(CPU {client['busy_max']:.0%}; > --max-client-cpu {rules.max_client_cpu:g})")
     if client["lag_p99_ms"] > rules.max_loop_lag_ms:
         reasons.append(f"its event loop ran callbacks {client['lag_p99_ms']:.1f} ms late at p99 (> "
                        f"--max-loop-lag-ms {rules.max_loop_lag_ms:g})")
