@@ -84,7 +84,6 @@ class SelfMeter:
 
 def cores_available() -> int:
     """Cores this process may run on (its CPU affinity), which its worker processes inherit."""
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
