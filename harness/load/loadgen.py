@@ -317,6 +317,21 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
             raise result
 
 
+def build_work(spec: LevelSpec, prompts: Sequence[Prompt]) -> list[tuple[bytes, RequestRecord]]:
+    """Each request of a level (warmup first) as its serialised body and the record it will fill: built
+    before the level starts, so that nothing of it runs on the hot path. Prompts are used in order and
+    reused cyclically if there are fewer than requests."""
+    if not prompts:
+        raise ValueError("no prompts")
+    work: list[tuple[bytes, RequestRecord]] = []
+    for i in range(spec.num_warmup + spec.num_prompts):
+        p = prompts[i % len(prompts)]
+        rec = RequestRecord(index=i, concurrency=spec.concurrency, warmup=i < spec.num_warmup,
+                            requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0)
+        work.append((request_body(spec.model, p, spec.extra_body), rec))
+    return work
+
+
 async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
                     on_done: Callable[[RequestRecord], None] | None = None,
                     watch: LevelWatch | None = None,
@@ -325,24 +340,27 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
 
     Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
-    Prompts are used in order and reused cyclically if there are fewer than requests. When ``watch``
-    stops the level early, only the requests that were sent are returned (see ``watch.stopped``).
-    ``on_window`` (start, end) brackets the measured requests: start runs once every warmup request
-    has finished, end once every measured one has (telemetry windows; both are blocking calls, run in a
-    worker thread). ``meter`` measures the client over the measured requests (see selfmeasure).
+    When ``watch`` stops the level early, only the requests that were sent are returned (see
+    ``watch.stopped``). ``on_window`` (start, end) brackets the measured requests: start runs once every
+    warmup request has finished, end once every measured one has (telemetry windows; both are blocking
+    calls, run in a worker thread). ``meter`` measures the client over the measured requests (see
+    selfmeasure). Several processes share a level through k2bench.harness.load.procs.
     """
-    if not prompts:
-        raise ValueError("no prompts")
+    return await run_work(spec, build_work(spec, prompts), on_done, watch, on_window, meter)
+
+
+async def run_work(spec: LevelSpec, work: Sequence[tuple[bytes, RequestRecord]],
+                   on_done: Callable[[RequestRecord], None] | None = None,
+                   watch: LevelWatch | None = None,
+                   on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                   meter: SelfMeter | None = None, check_warmup: bool = True) -> list[RequestRecord]:
+    """`run_level` on requests already built (`build_work`), ``spec.concurrency`` of them in flight: one
+    process's share of a level when several share it (``check_warmup=False``: the level's warmup is
+    judged where all shares meet)."""
     watch = watch or LevelWatch()
     url = normalize_base_url(spec.base_url) + "/v1/completions"
-    total = spec.num_warmup + spec.num_prompts
-    work: list[tuple[bytes, RequestRecord]] = []
-    for i in range(total):
-        p = prompts[i % len(prompts)]
-        rec = RequestRecord(index=i, concurrency=spec.concurrency, warmup=i < spec.num_warmup,
-                            requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0)
-        work.append((request_body(spec.model, p, spec.extra_body), rec))
-    warm, measured = work[: spec.num_warmup], work[spec.num_warmup:]
+    warm = [w for w in work if w[1].warmup]
+    measured = [w for w in work if not w[1].warmup]
     deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)
     watcher = asyncio.ensure_future(watch.watch(deadline))
     gc.collect()
@@ -351,7 +369,7 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
         async with make_session(spec.timeout_s, spec.api_key) as session:
             if warm:
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done, watch)
-                if watch.stopped is None and not any(r.success for _, r in warm):
+                if check_warmup and watch.stopped is None and not any(r.success for _, r in warm):
                     raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
             if watch.stopped is None:
                 if on_window is not None:

@@ -81,6 +81,10 @@ def _count_check(minimum_n: int, what: str) -> Callable[[Count], str | None]:
     return check
 
 
+def _client_procs(v: str) -> str | None:
+    return None if v == "auto" or (v.isdigit() and int(v) >= 1) else "must be a whole number (1 or more) or 'auto'"
+
+
 def _gpu_ids(v: str) -> None:
     from k2bench.harness.telemetry.gpu import parse_gpu_ids
 
@@ -186,6 +190,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("level_timeout", float, "load", "bound on a whole level, warmup included; a level that runs longer is "
       "stopped and stored invalid (default: none)", check=positive, metavar="S", attr="level_timeout_s",
       example=900),
+    S("client_procs", str, "load", "client processes that share each level's requests, each with its own "
+      "event loop and connections; 'auto' sizes each level from its expected token rate and the client's "
+      "measured CPU per token, up to the cores", default="1", metavar="N|auto",
+      check=_client_procs,
+      example="2"),
     S("max_failure_rate", float, "validity", "fraction of a level's requests that may fail with the level "
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
     S("max_client_cpu", float, "validity", "a level whose busiest client event loop was running or waiting "

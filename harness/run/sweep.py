@@ -22,6 +22,7 @@ from k2bench.harness.load import selfmeasure
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
+from k2bench.harness.load.procs import ClientSizer, run_level_procs
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.harness.measure.validity import ValidityRules, judge_level
@@ -72,6 +73,7 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+    client_procs: str = settings.default("client_procs")  # worker processes per level: "N" or "auto"
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -235,6 +237,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
+            sizer = ClientSizer(cfg.client_procs, speed.step_at if speed is not None else None)
             for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
                 n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
                 # one distinct prompt per request, warmup included: a server with prefix caching
@@ -245,10 +248,15 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                                  num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                 on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
-                meter = SelfMeter()
+                procs, meter = sizer.procs_for(conc), SelfMeter()
                 try:
-                    records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end),
-                                                  meter=meter))
+                    if procs > 1:
+                        records, meters = run_async(run_level_procs(spec, prompts, procs, on_done, watch,
+                                                                    on_window=(tel.begin, tel.end)))
+                    else:
+                        records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end),
+                                                      meter=meter))
+                        meters = [meter.result] if meter.result else []
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
@@ -267,7 +275,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
                     point.update(tel.fields(point))
-                    point.update(selfmeasure.point_fields(selfmeasure.combine([meter.result]) if meter.result else None))
+                    client = selfmeasure.combine(meters) if meters else None
+                    sizer.measured(conc, records, client)
+                    point.update(selfmeasure.point_fields(client))
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
