@@ -201,7 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
       "for a core more than this fraction of the time is invalid: the client, not the server, set its pace", default=0.9,
       check=positive, metavar="F", attr="rules.max_client_cpu", example=0.8),
     S("max_loop_lag_ms", float, "validity", "a level whose client event loop ran callbacks later than this "
-      "at p99 (ms) is invalid: its stamps are late by as much", default=10.0, check=positive, metavar="MS",
+      "at p99 (ms) is invalid: its stamps are late by as much", default=50.0, check=positive, metavar="MS",
       attr="rules.max_loop_lag_ms", example=20),
     S("allow_osl_mismatch", bool, "validity", "keep a level valid when outputs differ from the requested "
       "length (default: invalid)", default=False, attr="rules.allow_osl_mismatch", example=True),
