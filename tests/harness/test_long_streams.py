@@ -53,7 +53,7 @@ def test_128k_prompts_and_8k_outputs_match_the_server(tmp_path) -> None:
         assert ttft_client - ttft_server < 500  # sending 700 kB of JSON on loopback, generously
         decode_client = (r.token_ns[-1] - r.token_ns[0]) / 1e6
         decode_server = (s["last_sent"] - s["first_sent"]) * 1e3
-        assert decode_server >= (OSL - 1) * ITL_MS - 1
+        assert decode_server >= (OSL - 1) * ITL_MS - 20  # deadlines count from the due first token, not a late one
         # 8k messages over ~8 s: the client's decode span within 1% of the server's, TPOT error likewise
         assert decode_client == pytest.approx(decode_server, rel=0.01)
         assert all(b >= a for a, b in zip(r.token_ns, r.token_ns[1:], strict=False))
