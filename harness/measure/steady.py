@@ -75,11 +75,13 @@ def _slices(recs: Sequence[RequestRecord], done: Sequence[RequestRecord], t0: in
     for r in done:
         ts = np.asarray(r.token_ns, dtype=np.int64)
         per = (r.output_tokens or 0) / len(ts)
-        tokens += per * np.bincount(np.searchsorted(bounds, ts, "right") - 1, minlength=n)[:n]
+        # a stamp at the level's very end belongs to the last slice (closed on the right)
+        slot = np.minimum(np.searchsorted(bounds, ts, "right") - 1, n - 1)
+        tokens += per * np.bincount(slot, minlength=n)
         if len(ts) > 1:
-            where = np.searchsorted(bounds, ts[1:], "right") - 1
-            gap_ns += np.bincount(where, weights=np.diff(ts), minlength=n)[:n]
-            gap_tokens += per * np.bincount(where, minlength=n)[:n]
+            where = slot[1:]
+            gap_ns += np.bincount(where, weights=np.diff(ts), minlength=n)
+            gap_tokens += per * np.bincount(where, minlength=n)
     times, count = _in_flight(recs)
     area = np.concatenate([[0.0], np.cumsum(count[:-1] * np.diff(times).astype(np.float64))])
     covered = np.interp(bounds.astype(np.float64), times.astype(np.float64), area)
