@@ -78,6 +78,17 @@ def _use_uvloop() -> bool:
     return _uvloop is not None and sys.version_info >= (3, 11) and os.environ.get("K2BENCH_NO_UVLOOP") != "1"
 
 
+def _allow_open_files(connections: int) -> None:
+    """Raise this process's open-file limit towards its hard limit when a level needs more sockets than
+    the soft limit (often 1,024) allows: concurrency 1,024 in one process would fail on EMFILE."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256  # the loop, pipes, log files, the telemetry's own connections
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
 def run(coro):
     """Run a coroutine to completion on uvloop where it is installed (set K2BENCH_NO_UVLOOP=1 to
     use the standard loop), else on asyncio's own loop."""
@@ -358,6 +369,7 @@ async def run_work(spec: LevelSpec, work: Sequence[tuple[bytes, RequestRecord]],
     process's share of a level when several share it (``check_warmup=False``: the level's warmup is
     judged where all shares meet)."""
     watch = watch or LevelWatch()
+    _allow_open_files(spec.concurrency)
     url = normalize_base_url(spec.base_url) + "/v1/completions"
     warm = [w for w in work if w[1].warmup]
     measured = [w for w in work if not w[1].warmup]

@@ -141,8 +141,11 @@ class TestServer:
             return _error(401, "invalid or missing API key")
         return await handler(request)
 
-    async def serve(self, host: str, port: int) -> None:
-        """Serve until SIGINT/SIGTERM (aiohttp's low-level server: the routes are few)."""
+    async def serve(self, host: str, port: int, reuse_port: bool = False, record: str | None = None) -> None:
+        """Serve until SIGINT/SIGTERM (aiohttp's low-level server: the routes are few). ``reuse_port``
+        lets several server processes share the port (the kernel spreads connections over them), for a
+        load one process cannot carry; ``record`` is a file each stream's record is written to at exit,
+        the truth of every process when /stats reaches only one of them."""
         import signal
 
         self._routes = self.routes()
@@ -151,12 +154,15 @@ class TestServer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
         server = _StampingServer(self.dispatch, access_log=None)
-        tcp = await loop.create_server(server, host, port, backlog=4096, reuse_address=True)
+        tcp = await loop.create_server(server, host, port, backlog=4096, reuse_address=True, reuse_port=reuse_port)
         try:
             await stop
         finally:
             tcp.close()
             await server.shutdown(1.0)
+            if record:
+                with open(record, "w") as f:
+                    json.dump({"late_ms": self.late_ms[:100_000], "streams": [d._asdict() for d in self.done]}, f)
 
     def _ready(self) -> bool:
         return time.monotonic() - self.started >= self.config.start_delay_s
@@ -318,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
+    p.add_argument("--reuse-port", action="store_true", help="share the port with other test-server processes")
+    p.add_argument("--record", default=None, help="write each stream's record to this JSON file at exit")
     return p
 
 
@@ -337,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run
 
-    run(TestServer(config_from_args(args)).serve(args.host, args.port))
+    run(TestServer(config_from_args(args)).serve(args.host, args.port, args.reuse_port, args.record))
 
 
 if __name__ == "__main__":
