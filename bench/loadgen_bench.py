@@ -15,6 +15,9 @@ truth (TTFT and per-token gap are the server's settings), so the table shows:
 
 Further modes (``--mode``):
 
+- ``hotpath``: the client's own per-message work measured alone (CPU time per message over 200k
+  messages formatted as the test server sends them): the SSE framing split and the JSON parse, the
+  part of the per-token cost that is k2bench's own code rather than aiohttp's and the event loop's.
 - ``reruns``: five reruns of one level (concurrency 64, 2 ms gap, 512 tokens); the run-to-run spread
   (coefficient of variation) of steady-state throughput against whole-level throughput.
 - ``procs``: 1, 2, 4, 8 client processes (``--client-procs``) at concurrency 1,024, 1k in / 1k out, a
@@ -236,6 +239,35 @@ def run_procs(settings: list[int], conc: int, isl: int, osl: int, itl_ms: float,
     return rows
 
 
+def run_hotpath(n: int = 200_000) -> list[dict]:
+    """CPU per message of the SSE handling in stream_one: the framing split and the message's parse."""
+    from k2bench.harness.load.loadgen import _Stream
+
+    head = b'{"id":"cmpl-7","object":"text_completion","created":0,"model":"k2bench-test","choices":[{"index":0,"text":"'
+    msgs = [head + b" t%d" % (i % 30000) + b'","logprobs":null,"finish_reason":null}],"usage":null}' for i in range(n)]
+    chunks = [b"data: " + m + b"\n\n" for m in msgs]
+
+    def cpu(fn) -> float:
+        t0 = time.process_time()
+        fn()
+        return (time.process_time() - t0) / n * 1e6
+
+    def split() -> None:
+        for c in chunks:
+            parts = c.split(b"\n\n")
+            parts.pop()
+            for part in parts:
+                if part[:6] == b"data: " and b"\n" not in part:
+                    part[6:]
+
+    state = _Stream([])
+    rows = [{"step": "SSE framing split (per chunk)", "us_per_message": cpu(split)},
+            {"step": "message parse (orjson) and token check", "us_per_message":
+             cpu(lambda: [state.payload(m, 1) for m in msgs])}]
+    assert len(state.token_ns) == n
+    return rows
+
+
 def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -248,7 +280,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter streams, for a smoke run")
     ap.add_argument("--waves", type=int, default=2, help="measured requests = waves x concurrency")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server and client to cores")
-    ap.add_argument("--mode", choices=("accuracy", "reruns", "procs"), default="accuracy")
+    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs"), default="accuracy")
     ap.add_argument("--reruns", type=int, default=5)
     ap.add_argument("--servers", type=int, default=8, help="procs mode: test-server processes sharing the port")
     args = ap.parse_args()
@@ -259,6 +291,11 @@ def main() -> None:
         return
     if pin:
         os.sched_setaffinity(0, {cores[1]})
+    if args.mode == "hotpath":
+        rows = run_hotpath()
+        print(_table(("step", "client CPU us/message"), [(r["step"], f"{r['us_per_message']:.2f}") for r in rows]))
+        _write(args.out, {"bench": "loadgen-hotpath", "machine": _machine(pin), "rows": rows})
+        return
     if args.mode == "reruns":
         res = run_reruns(args.reruns, 64, 2.0, 128 if args.quick else 512, args.waves, cores[0] if pin else None)
         print(_table(("rerun", "whole-level output tok/s", "steady-state output tok/s", "duration s", "steady s"),
