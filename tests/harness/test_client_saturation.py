@@ -64,3 +64,29 @@ def test_lag_bound_judges_the_loop(tmp_path, monkeypatch) -> None:
     assert code == 1 and not point["valid"]
     assert "--max-loop-lag-ms 1" in point["invalid_reason"] and "--max-client-cpu" not in point["invalid_reason"]
     assert point["client"]["lag_p99_ms"] > 1.0
+
+
+def _part(cpu: float, wait: float, wall: float, lag99: float) -> dict:
+    return {"cpu_s": cpu, "wait_s": wait, "wall_s": wall, "busy": cpu / wall, "demand": (cpu + wait) / wall,
+            "lag_p50_ms": lag99 / 10, "lag_p99_ms": lag99, "lag_max_ms": lag99 * 2, "lag_samples": 100}
+
+
+def test_combine_and_the_rule_by_hand() -> None:
+    from k2bench.harness.load.selfmeasure import combine
+    from k2bench.harness.measure.validity import ValidityRules, client_bottleneck
+
+    # two processes over 10 s: 6 s and 2 s of CPU, the first also waited 3.5 s for a core
+    client = combine([_part(6.0, 3.5, 10.0, 4.0), _part(2.0, 0.0, 9.0, 60.0)], cores=16)
+    assert client["cpu_cores"] == pytest.approx(0.8)  # 8 s of CPU over the longest window, 10 s
+    assert client["cores_given"] == 2 and client["cpu_share"] == pytest.approx(0.4)
+    assert client["demand_max"] == pytest.approx(0.95) and client["busy_max"] == pytest.approx(0.6)
+    assert client["lag_p99_ms"] == 60.0  # the worst process's
+    why = client_bottleneck(client, ValidityRules())
+    assert why == ("the client was the bottleneck: its busiest event loop ran or waited for a core 95% of the "
+                   "time (CPU 60%; > --max-client-cpu 0.9) and its event loop ran callbacks 60.0 ms late at p99 "
+                   "(> --max-loop-lag-ms 50); more --client-procs may help")
+    assert client_bottleneck(client, ValidityRules(max_client_cpu=0.96, max_loop_lag_ms=61)) is None
+    # all the cores in use already: no hint to add processes
+    full = combine([_part(9.6, 0.0, 10.0, 1.0), _part(1.0, 0.0, 10.0, 1.0)], cores=2)
+    assert client_bottleneck(full, ValidityRules()).endswith("(CPU 96%; > --max-client-cpu 0.9)")
+    assert client_bottleneck(None, ValidityRules()) is None  # not measured (an imported level)
