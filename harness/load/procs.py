@@ -88,7 +88,7 @@ def _worker_main(number: int, spec: LevelSpec, work: list, results, control) -> 
     try:
         run(_worker(spec, work, results, control))
     except BaseException as exc:  # noqa: BLE001 - anything a worker hits is the parent's to report
-        results.send(("error", f"{exc.__class__.__name__}: {exc}"))
+        results.send(("error", f"{exc.__class__.__name__}: {exc}", False))
     finally:
         results.close()
 
@@ -103,7 +103,8 @@ async def _worker(spec: LevelSpec, work: list, results, control) -> None:
     def on_control() -> None:
         try:
             msg = control.recv()
-        except (EOFError, OSError):  # the parent is gone
+        except (EOFError, OSError):  # the parent is gone: stop, and stop listening
+            loop.remove_reader(control.fileno())
             msg = ("stop", "the client's parent process is gone")
         if msg[0] == "go":
             go.set()
@@ -136,12 +137,108 @@ class _Worker:
         self.warm = self.done = False
         self.meter: dict | None = None
         self.error: str | None = None
+        self.server_error = False  # its error is the server's (every warmup request failed)
 
     def tell(self, *msg) -> None:
         try:
             self.control.send(msg)
         except (OSError, ValueError):  # it is gone; its death is reported where it is seen
             pass
+
+
+class _Pool:
+    """The parent's side of one level's workers: records as they arrive (progress and stop rules see each),
+    a stop passed on to every worker, a dead worker noticed, and every process ended on the way out."""
+
+    def __init__(self, watch: LevelWatch, on_done: Callable[[RequestRecord], None] | None) -> None:
+        self.watch, self.on_done = watch, on_done
+        self.loop = asyncio.get_running_loop()
+        self.woke = asyncio.Event()
+        self.records: dict[int, RequestRecord] = {}
+        self.workers: list[_Worker] = []
+        self.stop_sent = False
+
+    def start(self, target: Callable, args: list[tuple]) -> None:
+        ctx = mp.get_context("spawn")  # no fork of a process that may hold threads (telemetry)
+        for i, extra in enumerate(args):
+            results_r, results_w = ctx.Pipe(duplex=False)
+            control_r, control_w = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=target, args=(*extra, results_w, control_r), name=f"k2bench-client-{i + 1}",
+                               daemon=True)
+            proc.start()
+            results_w.close()
+            control_r.close()
+            w = _Worker(i, proc, results_r, control_w)
+            self.workers.append(w)
+            self.loop.add_reader(results_r.fileno(), self._on_message, w)
+
+    def _on_message(self, w: _Worker) -> None:
+        try:
+            while w.results.poll():
+                msg = w.results.recv()
+                if msg[0] == "rec":
+                    rec = msg[1]
+                    self.records[rec.index] = rec
+                    self.watch.finished(rec)
+                    if self.on_done is not None:
+                        self.on_done(rec)
+                elif msg[0] == "warm":
+                    w.warm = True
+                elif msg[0] == "done":
+                    for rec in msg[1]:
+                        self.records[rec.index] = rec
+                    w.meter, w.done = msg[2], True
+                elif msg[0] == "error":
+                    w.error, w.server_error, w.done = msg[1], msg[2], True
+        except (EOFError, OSError):
+            self.loop.remove_reader(w.results.fileno())
+            if not w.done:
+                w.proc.join(1.0)
+                code = w.proc.exitcode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                w.error, w.done = f"client process {w.number + 1} of {len(self.workers)} died ({how})", True
+        self.woke.set()
+
+    def tell(self, *msg) -> None:
+        for w in self.workers:
+            w.tell(*msg)
+
+    async def until(self, ready: Callable[[], bool]) -> None:
+        """Wait for ``ready``, passing a stop (the watch's, or a dead worker's) on to every worker."""
+        while True:
+            failed = next((w for w in self.workers if w.error), None)
+            if failed is not None and self.watch.stopped is None:
+                if failed.server_error:
+                    self.tell("stop", failed.error)
+                    raise ServerError(failed.error)
+                self.watch.stop(failed.error, server_down=False)
+            if self.watch.stopped is not None and not self.stop_sent:
+                self.stop_sent = True
+                self.tell("stop", self.watch.stopped)
+            if ready():
+                return
+            self.woke.clear()
+            try:
+                await asyncio.wait_for(self.woke.wait(), _POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def close(self) -> None:
+        for w in self.workers:
+            if not w.results.closed:
+                self.loop.remove_reader(w.results.fileno())
+            w.proc.join(5.0 if w.done else 0.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.results.close()
+            w.control.close()
+
+    def result(self) -> tuple[list[RequestRecord], list[dict]]:
+        out = sorted(self.records.values(), key=lambda r: r.index)
+        if self.watch.stopped is not None:
+            out = [r for r in out if r.send_ns]
+        return out, [w.meter for w in self.workers if w.meter is not None]
 
 
 async def run_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], procs: int,
@@ -154,107 +251,31 @@ async def run_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], procs: int
     watch = watch or LevelWatch()
     shares = split_concurrency(spec.concurrency, procs)
     parts = assign(build_work(spec, prompts), shares)
-    ctx = mp.get_context("spawn")  # no fork of a process that may hold threads (telemetry)
-    loop = asyncio.get_running_loop()
-    woke = asyncio.Event()
-    records: dict[int, RequestRecord] = {}
-    workers: list[_Worker] = []
-
-    def on_message(w: _Worker) -> None:
-        try:
-            while w.results.poll():
-                msg = w.results.recv()
-                if msg[0] == "rec":
-                    rec = msg[1]
-                    records[rec.index] = rec
-                    watch.finished(rec)
-                    if on_done is not None:
-                        on_done(rec)
-                elif msg[0] == "warm":
-                    w.warm = True
-                elif msg[0] == "done":
-                    for rec in msg[1]:
-                        records[rec.index] = rec
-                    w.meter, w.done = msg[2], True
-                elif msg[0] == "error":
-                    w.error, w.done = msg[1], True
-        except (EOFError, OSError):
-            loop.remove_reader(w.results.fileno())
-            if not w.done:
-                w.proc.join(1.0)
-                code = w.proc.exitcode
-                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                w.error, w.done = f"client process {w.number + 1} of {len(workers)} died ({how})", True
-        woke.set()
-
+    pool = _Pool(watch, on_done)
     deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)
     watcher = asyncio.ensure_future(watch.watch(deadline))
-    stop_sent = False
-
-    async def until(ready: Callable[[], bool]) -> None:
-        """Wait for ``ready``, passing a stop (the watch's, or a dead worker's) on to every worker."""
-        nonlocal stop_sent
-        while True:
-            failed = next((w for w in workers if w.error), None)
-            if failed is not None and watch.stopped is None:
-                watch.stop(failed.error, server_down=False)
-            if watch.stopped is not None and not stop_sent:
-                stop_sent = True
-                for w in workers:
-                    w.tell("stop", watch.stopped)
-            if ready():
-                return
-            woke.clear()
-            with_timeout = asyncio.wait_for(woke.wait(), _POLL_S)
-            try:
-                await with_timeout
-            except asyncio.TimeoutError:
-                pass
-
     try:
-        for i, (share, part) in enumerate(zip(shares, parts, strict=True)):
-            results_r, results_w = ctx.Pipe(duplex=False)
-            control_r, control_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(i, replace(spec, concurrency=share), part, results_w,
-                                                          control_r), name=f"k2bench-client-{i + 1}", daemon=True)
-            proc.start()
-            results_w.close()
-            control_r.close()
-            w = _Worker(i, proc, results_r, control_w)
-            workers.append(w)
-            loop.add_reader(results_r.fileno(), on_message, w)
-        await until(lambda: all(w.warm or w.done for w in workers))
-        warm = [r for r in records.values() if r.warmup]
+        pool.start(_worker_main, [(i, replace(spec, concurrency=share), part)
+                                  for i, (share, part) in enumerate(zip(shares, parts, strict=True))])
+        await pool.until(lambda: all(w.warm or w.done for w in pool.workers))
+        warm = [r for r in pool.records.values() if r.warmup]
         if watch.stopped is None and warm and not any(r.success for r in warm):
-            for w in workers:
-                w.tell("stop", "every warmup request failed")
+            pool.tell("stop", "every warmup request failed")
             first = min(warm, key=lambda r: r.index)
             raise ServerError(f"every warmup request failed; first error: {first.error}")
         window = watch.stopped is None and on_window is not None
         if window:
             await asyncio.to_thread(on_window[0])
-        for w in workers:
-            w.tell("go")
+        pool.tell("go")
         try:
-            await until(lambda: all(w.done for w in workers))
+            await pool.until(lambda: all(w.done for w in pool.workers))
         finally:
             if window:
                 await asyncio.to_thread(on_window[1])
     finally:
         watcher.cancel()
-        for w in workers:
-            if not w.results.closed:
-                loop.remove_reader(w.results.fileno())
-            w.proc.join(5.0 if w.done else 0.0)
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join()
-            w.results.close()
-            w.control.close()
-    out = sorted(records.values(), key=lambda r: r.index)
-    if watch.stopped is not None:
-        out = [r for r in out if r.send_ns]
-    return out, [w.meter for w in workers if w.meter is not None]
+        pool.close()
+    return pool.result()
 
 
 class ClientSizer:
