@@ -21,7 +21,6 @@ requests are never silently dropped from a level that then looks complete.
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing as mp
 import signal
 import threading
@@ -33,14 +32,9 @@ from k2bench.errors import ServerError
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, build_work, run_work
 from k2bench.harness.load.records import RequestRecord
-from k2bench.harness.load.selfmeasure import SelfMeter, cores_available
+from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.workloads.prompts import Prompt
 
-# `auto` sizes the client so that each loop stays about half busy: well under the saturation bound
-# (--max-client-cpu, 0.9), with room for the bursts of a wave's start.
-AUTO_TARGET_BUSY = 0.5
-# client CPU per streamed token message before a level has measured it (bench/loadgen_bench.py, 2-core machine)
-DEFAULT_US_PER_TOKEN = 25.0
 _POLL_S = 0.05  # how often the parent looks at the watch while waiting for workers
 
 
@@ -63,18 +57,6 @@ def assign(work: Sequence[tuple[bytes, RequestRecord]], shares: Sequence[int]) -
         for j, item in enumerate(w for w in work if w[1].warmup is phase):
             out[owners[j % len(owners)]].append(item)
     return out
-
-
-def auto_procs(expected_tok_s: float | None, us_per_token: float | None, concurrency: int,
-               cores: int | None = None) -> int:
-    """``--client-procs auto``: enough processes for the expected token-message rate at the measured cost
-    per token, each about AUTO_TARGET_BUSY busy; at least 1, at most the cores and the concurrency."""
-    cores = cores_available() if cores is None else cores
-    if not expected_tok_s or expected_tok_s <= 0:
-        return 1
-    cost = (us_per_token or DEFAULT_US_PER_TOKEN) * 1e-6
-    need = math.ceil(expected_tok_s * cost / AUTO_TARGET_BUSY)
-    return max(1, min(need, cores, concurrency))
 
 
 # ---------------------------------------------------------------- the worker
@@ -125,6 +107,77 @@ async def _worker(spec: LevelSpec, work: list, results, control) -> None:
     records = await run_work(spec, work, on_done, watch, (warm_done, lambda: None), meter, check_warmup=False)
     loop.remove_reader(control.fileno())
     rest = [r for r in records if r.index not in reported]
+    results.send(("done", rest, meter.result))
+
+
+def split_schedule(n: int, procs: int) -> list[list[int]]:
+    """Open loop: request i of the schedule (in intended send order) to worker i mod procs. Each worker
+    then sends every procs-th request, so each carries the same rate and the same burstiness pattern
+    thinned, and the whole schedule is sent exactly once, the same way on every rerun."""
+    n_procs = max(1, min(procs, n))
+    return [list(range(w, n, n_procs)) for w in range(n_procs)]
+
+
+def _rate_worker_main(number: int, spec: LevelSpec, prompts: list, offsets: list[float], rate: float,
+                      num_warmup: int, max_inflight: int | None, indices: list[int], results, control) -> None:
+    """One worker of a rate level: its share of the schedule, sent from the parent's common start."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from k2bench.harness.load.loadgen import run
+
+    try:
+        run(_rate_worker(spec, prompts, offsets, rate, num_warmup, max_inflight, indices, results, control))
+    except ServerError as exc:
+        results.send(("error", str(exc), True))
+    except BaseException as exc:  # noqa: BLE001 - anything a worker hits is the parent's to report
+        results.send(("error", f"{exc.__class__.__name__}: {exc}", False))
+    finally:
+        results.close()
+
+
+async def _rate_worker(spec: LevelSpec, prompts: list, offsets: list[float], rate: float, num_warmup: int,
+                       max_inflight: int | None, indices: list[int], results, control) -> None:
+    from k2bench.harness.load import openloop
+
+    loop = asyncio.get_running_loop()
+    watch = LevelWatch(connection_errors_to_stop=1 << 62)
+    start = loop.create_future()
+    reported: set[int] = set()
+
+    def on_control() -> None:
+        try:
+            msg = control.recv()
+        except (EOFError, OSError):
+            loop.remove_reader(control.fileno())
+            msg = ("stop", "the client's parent process is gone")
+        if msg[0] == "go" and not start.done():
+            start.set_result(msg[1])
+        elif msg[0] == "stop":
+            watch.stop(msg[1], server_down=False)
+            if not start.done():
+                start.set_result(None)
+
+    def on_done(rec: RequestRecord) -> None:
+        rec.index = indices[rec.index]  # the sender numbers this worker's requests from 0
+        reported.add(id(rec))
+        results.send(("rec", rec))
+
+    loop.add_reader(control.fileno(), on_control)
+    results.send(("warm",))  # ready: spawned, imported, listening
+    start_ns = await start
+    if start_ns is None:
+        results.send(("done", [], None))
+        return
+    # the sender starts its schedule START_LEAD_NS after it is called: shift it onto the common start
+    shift = (time.monotonic_ns() + openloop.START_LEAD_NS - start_ns) / 1e9
+    meter = SelfMeter()  # a rate level's warmup and measured requests interleave: measured over the whole level
+    meter.start()
+    records = await openloop.run_rate_level(spec, prompts, [o - shift for o in offsets], rate, num_warmup,
+                                            max_inflight, on_done, watch)
+    meter.stop()
+    loop.remove_reader(control.fileno())
+    rest = [r for r in records if id(r) not in reported]
+    for r in rest:
+        r.index = indices[r.index]
     results.send(("done", rest, meter.result))
 
 
@@ -278,36 +331,46 @@ async def run_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], procs: int
     return pool.result()
 
 
-class ClientSizer:
-    """``--client-procs``: a fixed count, or ``auto``, which sizes each level from what the sweep knows:
-    the expected token-message rate (the up-front probe's decode step at that batch, else the last
-    level's rate scaled by concurrency, an upper bound while the server keeps up) and the last level's
-    measured client CPU per message. With neither (the first level of a small sweep) it uses one."""
-
-    def __init__(self, setting: str, step_s: Callable[[int], float] | None = None) -> None:
-        self.fixed = None if setting == "auto" else int(setting)
-        self.step_s = step_s  # seconds of a decode step at a batch (the probe's), or None
-        self.last: tuple[int, float, float] | None = None  # (concurrency, messages/s, us/message)
-
-    def procs_for(self, concurrency: int) -> int:
-        if self.fixed is not None:
-            return max(1, min(self.fixed, concurrency))
-        rate = us = None
-        if self.last is not None:
-            conc, last_rate, us = self.last
-            rate = last_rate * concurrency / conc
-        if self.step_s is not None:
-            rate = concurrency / self.step_s(concurrency)
-        return auto_procs(rate, us, concurrency)
-
-    def measured(self, concurrency: int, records: Sequence[RequestRecord], client: dict | None) -> None:
-        """Learn from a finished level: its measured messages per second and client CPU per message."""
-        done = [r for r in records if not r.warmup and r.end_ns is not None and r.send_ns]
-        messages = sum(len(r.token_ns) for r in done)
-        if not done or not messages or client is None:
-            return
-        span = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / 1e9
-        if span > 0:
-            self.last = (concurrency, messages / span, client["cpu_s"] * 1e6 / messages)
-            client["us_per_message"] = self.last[2]
-
+async def run_rate_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], offsets_s: Sequence[float], rate: float,
+                               num_warmup: int, max_inflight: int | None, procs: int,
+                               on_done: Callable[[RequestRecord], None] | None = None,
+                               watch: LevelWatch | None = None,
+                               on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                               ) -> tuple[list[RequestRecord], list[dict]]:
+    """`openloop.run_rate_level` over ``procs`` worker processes (`split_schedule`), every worker sending on
+    one common start, so each request's intended time is where the whole schedule put it. A cap on
+    requests in flight is split like a closed loop's concurrency."""
+    watch = watch or LevelWatch()
+    parts = split_schedule(len(offsets_s), procs)
+    caps = split_concurrency(max_inflight, len(parts)) if max_inflight is not None else [None] * len(parts)
+    pool = _Pool(watch, on_done)
+    deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)
+    watcher = asyncio.ensure_future(watch.watch(deadline))
+    window = False
+    try:
+        args = []
+        for i, (part, cap) in enumerate(zip(parts, caps, strict=True)):
+            share = [prompts[g % len(prompts)] for g in part]
+            warm = sum(1 for g in part if g < num_warmup)
+            args.append((i, replace(spec, concurrency=cap or len(part)), share, [offsets_s[g] for g in part], rate,
+                         warm, cap, part))
+        pool.start(_rate_worker_main, args)
+        await pool.until(lambda: all(w.warm or w.done for w in pool.workers))
+        start_ns = time.monotonic_ns() + 50_000_000  # every worker has 50 ms to hear it
+        pool.tell("go", start_ns)
+        if watch.stopped is None and on_window is not None and num_warmup < len(offsets_s):
+            # the measured window opens when the first measured request is due (seen within _POLL_S)
+            due = start_ns + int(offsets_s[num_warmup] * 1e9)
+            await pool.until(lambda: time.monotonic_ns() >= due or all(w.done for w in pool.workers))
+            window = watch.stopped is None
+            if window:
+                await asyncio.to_thread(on_window[0])
+        try:
+            await pool.until(lambda: all(w.done for w in pool.workers))
+        finally:
+            if window:
+                await asyncio.to_thread(on_window[1])
+    finally:
+        watcher.cancel()
+        pool.close()
+    return pool.result()

@@ -19,10 +19,11 @@ from pathlib import Path
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import crash, redact
 from k2bench.harness.load import selfmeasure
+from k2bench.harness.load.client_size import ClientSizer
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
-from k2bench.harness.load.procs import ClientSizer, run_level_procs
+from k2bench.harness.load.procs import run_level_procs
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.harness.measure.validity import ValidityRules, judge_level

@@ -11,9 +11,10 @@ import time
 import urllib.request
 
 from k2bench.harness.cli import main
+from k2bench.harness.load.client_size import ClientSizer, auto_procs
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, build_work, run
-from k2bench.harness.load.procs import ClientSizer, assign, auto_procs, run_level_procs, split_concurrency
+from k2bench.harness.load.procs import assign, run_level_procs, split_concurrency, split_schedule
 from k2bench.harness.load.selfmeasure import cores_available
 from k2bench.harness.servers import launch
 from k2bench.workloads.prompts import Prompt
@@ -129,3 +130,10 @@ def test_sweep_with_client_procs(tmp_path):
     assert code == 0, point.get("invalid_reason")
     assert point["client"]["processes"] == 2 and len(point["client"]["per_process"]) == 2
     assert point["completed"] == 8 and point["client"]["us_per_message"] > 0
+
+
+def test_schedule_split_is_round_robin_and_complete():
+    parts = split_schedule(10, 3)
+    assert parts == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert split_schedule(2, 8) == [[0], [1]]  # no more processes than requests
+    assert split_schedule(10, 3) == parts  # the same on every rerun
