@@ -44,26 +44,38 @@ class ClientSizer:
         self.fixed = None if setting == "auto" else int(setting)
         self.step_s = step_s  # seconds of a decode step at a batch (the probe's), or None
         self.last: tuple[int, float, float] | None = None  # (concurrency, messages/s, us/message)
+        self.us: float | None = None  # the last level's client CPU per message
 
     def procs_for(self, concurrency: int) -> int:
         if self.fixed is not None:
             return max(1, min(self.fixed, concurrency))
-        rate = us = None
+        rate, us = None, self.us
         if self.last is not None:
-            conc, last_rate, us = self.last
+            conc, last_rate, _ = self.last
             rate = last_rate * concurrency / conc
         if self.step_s is not None:
             rate = concurrency / self.step_s(concurrency)
         return auto_procs(rate, us, concurrency)
 
-    def measured(self, concurrency: int, records: Sequence[RequestRecord], client: dict | None) -> None:
-        """Learn from a finished level: its measured messages per second and client CPU per message."""
+    def procs_for_rate(self, rate: float, osl: int, requests: int) -> int:
+        """A rate level's: its expected token-message rate is its request rate x the output length."""
+        if self.fixed is not None:
+            return max(1, min(self.fixed, requests))
+        us = self.us
+        expected = rate * osl if math.isfinite(rate) else None
+        return auto_procs(expected, us, requests)
+
+    def measured(self, concurrency: int | None, records: Sequence[RequestRecord], client: dict | None) -> None:
+        """Learn from a finished level: its measured messages per second and client CPU per message
+        (``concurrency`` None: a rate level, whose cost per message is kept but whose rate does not scale
+        with a concurrency)."""
         done = [r for r in records if not r.warmup and r.end_ns is not None and r.send_ns]
         messages = sum(len(r.token_ns) for r in done)
         if not done or not messages or client is None:
             return
         span = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / 1e9
         if span > 0:
-            self.last = (concurrency, messages / span, client["cpu_s"] * 1e6 / messages)
-            client["us_per_message"] = self.last[2]
+            self.us = client["us_per_message"] = client["cpu_s"] * 1e6 / messages
+            if concurrency is not None:
+                self.last = (concurrency, messages / span, self.us)
 

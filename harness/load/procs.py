@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from k2bench.errors import ServerError
 from k2bench.harness.load.level_watch import LevelWatch
-from k2bench.harness.load.loadgen import LevelSpec, build_work, run_work
+from k2bench.harness.load.loadgen import LevelSpec, build_work, run_level, run_work
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.workloads.prompts import Prompt
@@ -374,3 +374,37 @@ async def run_rate_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], offse
         watcher.cancel()
         pool.close()
     return pool.result()
+
+
+async def closed_level(spec: LevelSpec, prompts: Sequence[Prompt], procs: int,
+                       on_done: Callable[[RequestRecord], None] | None = None, watch: LevelWatch | None = None,
+                       on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                       ) -> tuple[list[RequestRecord], list[dict]]:
+    """A closed level in one process or several: (records, each process's SelfMeter result)."""
+    if procs > 1:
+        return await run_level_procs(spec, prompts, procs, on_done, watch, on_window)
+    meter = SelfMeter()
+    records = await run_level(spec, prompts, on_done, watch, on_window, meter)
+    return records, [meter.result] if meter.result else []
+
+
+async def rate_level(spec: LevelSpec, prompts: Sequence[Prompt], offsets_s: Sequence[float], rate: float,
+                     num_warmup: int, max_inflight: int | None, procs: int,
+                     on_done: Callable[[RequestRecord], None] | None = None, watch: LevelWatch | None = None,
+                     on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                     ) -> tuple[list[RequestRecord], list[dict]]:
+    """A rate level in one process or several; the client is measured over the whole level (its warmup
+    and measured requests interleave on the schedule)."""
+    if procs > 1:
+        return await run_rate_level_procs(spec, prompts, offsets_s, rate, num_warmup, max_inflight, procs,
+                                          on_done, watch, on_window)
+    from k2bench.harness.load import openloop
+
+    meter = SelfMeter()
+    meter.start()
+    try:
+        records = await openloop.run_rate_level(spec, prompts, offsets_s, rate, num_warmup, max_inflight, on_done,
+                                                watch, on_window)
+    finally:
+        meter.stop()
+    return records, [meter.result]

@@ -23,9 +23,15 @@ def _canonical_number(value):
     return value
 
 
+# Fields added after fingerprints were first stored: left out while absent, so that a run without them
+# keeps the fingerprint it always had (a closed-loop run has no arrival schedule).
+OPTIONAL_FIELDS = frozenset({"arrival"})
+
+
 def fingerprint_fields(meta: Mapping) -> dict:
-    """The exact dict that ``fingerprint`` hashes (missing fields are None)."""
-    return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS}
+    """The exact dict that ``fingerprint`` hashes (missing fields are None; missing optional ones absent)."""
+    return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS
+            if name not in OPTIONAL_FIELDS or meta.get(name) is not None}
 
 
 def fingerprint(meta: Mapping) -> str:

@@ -3,7 +3,7 @@ steady state (steady JSON with the window and one-second slices; steady throughp
 statistics). All nullable: levels stored before were not measured this way.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-02
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
