@@ -21,6 +21,7 @@ requests are never silently dropped from a level that then looks complete.
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing as mp
 import signal
 import threading
@@ -30,9 +31,17 @@ from dataclasses import replace
 
 from k2bench.errors import ServerError
 from k2bench.harness.load.level_watch import LevelWatch
-from k2bench.harness.load.loadgen import LevelSpec, build_work, run_level, run_work
+from k2bench.harness.load.loadgen import (
+    LevelSpec,
+    build_work,
+    make_session,
+    request_body,
+    run_level,
+    run_work,
+)
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
+from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
 _POLL_S = 0.05  # how often the parent looks at the watch while waiting for workers
@@ -70,7 +79,7 @@ def _worker_main(number: int, spec: LevelSpec, work: list, results, control) -> 
     try:
         run(_worker(spec, work, results, control))
     except BaseException as exc:  # noqa: BLE001 - anything a worker hits is the parent's to report
-        results.send(("error", f"{exc.__class__.__name__}: {exc}", False))
+        results.send(("error", f"{exc.__class__.__name__}: {exc}"))
     finally:
         results.close()
 
@@ -126,10 +135,8 @@ def _rate_worker_main(number: int, spec: LevelSpec, prompts: list, offsets: list
 
     try:
         run(_rate_worker(spec, prompts, offsets, rate, num_warmup, max_inflight, indices, results, control))
-    except ServerError as exc:
-        results.send(("error", str(exc), True))
     except BaseException as exc:  # noqa: BLE001 - anything a worker hits is the parent's to report
-        results.send(("error", f"{exc.__class__.__name__}: {exc}", False))
+        results.send(("error", f"{exc.__class__.__name__}: {exc}"))
     finally:
         results.close()
 
@@ -141,7 +148,12 @@ async def _rate_worker(spec: LevelSpec, prompts: list, offsets: list[float], rat
     loop = asyncio.get_running_loop()
     watch = LevelWatch(connection_errors_to_stop=1 << 62)
     start = loop.create_future()
-    reported: set[int] = set()
+    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    work = [(request_body(spec.model, p, spec.extra_body),
+             RequestRecord(index=g, concurrency=spec.concurrency, warmup=j < num_warmup,
+                           requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0,
+                           mode="rate", rate=rate))
+            for j, (g, p) in enumerate(zip(indices, prompts, strict=True))]
 
     def on_control() -> None:
         try:
@@ -157,27 +169,28 @@ async def _rate_worker(spec: LevelSpec, prompts: list, offsets: list[float], rat
                 start.set_result(None)
 
     def on_done(rec: RequestRecord) -> None:
-        rec.index = indices[rec.index]  # the sender numbers this worker's requests from 0
-        reported.add(id(rec))
         results.send(("rec", rec))
 
     loop.add_reader(control.fileno(), on_control)
-    results.send(("warm",))  # ready: spawned, imported, listening
-    start_ns = await start
-    if start_ns is None:
-        results.send(("done", [], None))
-        return
-    # the sender starts its schedule START_LEAD_NS after it is called: shift it onto the common start
-    shift = (time.monotonic_ns() + openloop.START_LEAD_NS - start_ns) / 1e9
     meter = SelfMeter()  # a rate level's warmup and measured requests interleave: measured over the whole level
-    meter.start()
-    records = await openloop.run_rate_level(spec, prompts, [o - shift for o in offsets], rate, num_warmup,
-                                            max_inflight, on_done, watch)
-    meter.stop()
-    loop.remove_reader(control.fileno())
-    rest = [r for r in records if id(r) not in reported]
-    for r in rest:
-        r.index = indices[r.index]
+    gc.collect()
+    gc.disable()
+    try:
+        async with make_session(spec.timeout_s, spec.api_key) as session:
+            results.send(("warm",))  # ready: spawned, connected to nothing yet, listening
+            start_ns = await start
+            if start_ns is not None:
+                meter.start()
+                # the sender starts its schedule START_LEAD_NS after this call: shift it onto the common start
+                shift = (time.monotonic_ns() + openloop.START_LEAD_NS - start_ns) / 1e9
+                await openloop.send_on_schedule(session, url, work, [o - shift for o in offsets], spec.timeout_s,
+                                                watch, max_inflight, on_done)
+                meter.stop()
+    finally:
+        gc.enable()
+        loop.remove_reader(control.fileno())
+    # requests cut off in flight by a stop were not reported as done
+    rest = [rec for _, rec in work if rec.send_ns and watch.stopped is not None and not rec.success]
     results.send(("done", rest, meter.result))
 
 
@@ -190,7 +203,6 @@ class _Worker:
         self.warm = self.done = False
         self.meter: dict | None = None
         self.error: str | None = None
-        self.server_error = False  # its error is the server's (every warmup request failed)
 
     def tell(self, *msg) -> None:
         try:
@@ -242,7 +254,7 @@ class _Pool:
                         self.records[rec.index] = rec
                     w.meter, w.done = msg[2], True
                 elif msg[0] == "error":
-                    w.error, w.server_error, w.done = msg[1], msg[2], True
+                    w.error, w.done = msg[1], True
         except (EOFError, OSError):
             self.loop.remove_reader(w.results.fileno())
             if not w.done:
@@ -261,9 +273,6 @@ class _Pool:
         while True:
             failed = next((w for w in self.workers if w.error), None)
             if failed is not None and self.watch.stopped is None:
-                if failed.server_error:
-                    self.tell("stop", failed.error)
-                    raise ServerError(failed.error)
                 self.watch.stop(failed.error, server_down=False)
             if self.watch.stopped is not None and not self.stop_sent:
                 self.stop_sent = True
@@ -370,6 +379,10 @@ async def run_rate_level_procs(spec: LevelSpec, prompts: Sequence[Prompt], offse
         finally:
             if window:
                 await asyncio.to_thread(on_window[1])
+        warm = [r for r in pool.records.values() if r.warmup]
+        if watch.stopped is None and warm and not any(r.success for r in warm):
+            first = min(warm, key=lambda r: r.index)
+            raise ServerError(f"every warmup request failed; first error: {first.error}")
     finally:
         watcher.cancel()
         pool.close()

@@ -137,3 +137,39 @@ def test_schedule_split_is_round_robin_and_complete():
     assert parts == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert split_schedule(2, 8) == [[0], [1]]  # no more processes than requests
     assert split_schedule(10, 3) == parts  # the same on every rerun
+
+
+def test_rate_level_split_keeps_one_schedule(tmp_path):
+    """A rate level over three processes: every request sent once, each at its place in the one schedule
+    (intended times on the common start, to within the microseconds the hand-over takes), and sent on
+    time as the open-loop sender sends in one process."""
+    from k2bench.harness.load import openloop, schedule
+    from k2bench.harness.load.procs import run_rate_level_procs
+
+    offsets = schedule.arrival_offsets(30, rate=40.0, seed=7)
+    done = []
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "2") as url:
+        spec = LevelSpec(base_url=url, model="k2bench-test", concurrency=30, num_prompts=25, num_warmup=5)
+        records, meters = run(run_rate_level_procs(spec, prompts(30, osl=8), offsets, 40.0, 5, None, 3,
+                                                   on_done=done.append))
+    assert [r.index for r in records] == list(range(30)) and len(done) == 30 and len(meters) == 3
+    assert all(r.success and r.mode == "rate" and r.rate == 40.0 for r in records)
+    assert [r.warmup for r in records] == [True] * 5 + [False] * 25
+    start = records[0].intended_ns - offsets[0] * 1e9
+    for r, o in zip(records, offsets, strict=True):
+        assert abs(r.intended_ns - (start + o * 1e9)) < 2e6  # one schedule, one start (2 ms: hand-over)
+    lags = sorted((r.send_ns - r.intended_ns) / 1e6 for r in records)
+    assert lags[len(lags) // 2] < 20  # sent on time, generously for a shared machine
+    figures = openloop.level_figures(records, 40.0)
+    assert figures["send_lag_p50_ms"] is not None
+
+
+def test_sweep_rate_levels_with_client_procs(tmp_path):
+    out = tmp_path / "run.json"
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "2") as url:
+        code = main(["sweep", "--url", url, "--isl", "16", "--osl", "8", "--rate", "20", "--num-prompts", "20",
+                     "--warmup", "4", "--gpus", "1", "--db", f"sqlite:///{tmp_path}/k.db", "--json", str(out),
+                     "--no-telemetry", "--client-procs", "2", "--max-loop-lag-ms", "1000"])
+    point = json.loads(out.read_text())["points"][0]
+    assert code == 0, point.get("invalid_reason")
+    assert point["mode"] == "rate" and point["client"]["processes"] == 2 and point["completed"] == 20
