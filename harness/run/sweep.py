@@ -19,7 +19,7 @@ from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import crash, redact
-from k2bench.harness.load import openloop, procs, schedule, selfmeasure
+from k2bench.harness.load import openloop, procs, procs_rate, schedule, selfmeasure
 from k2bench.harness.load.client_size import ClientSizer
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
@@ -292,9 +292,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
                                      num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(name, trial, len(offsets)) if events.level_start else None
-                    level = procs.rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight,
-                                             sizer.procs_for_rate(rate, w.osl, len(offsets)), on_done, watch,
-                                             on_window=(tel.begin, tel.end))
+                    level = procs_rate.rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight,
+                                                  sizer.procs_for_rate(rate, w.osl, len(offsets)), on_done, watch,
+                                                  on_window=(tel.begin, tel.end))
                 try:
                     records, meters = run_async(level)
                 finally:

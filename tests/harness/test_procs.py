@@ -14,7 +14,8 @@ from k2bench.harness.cli import main
 from k2bench.harness.load.client_size import ClientSizer, auto_procs
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, build_work, run
-from k2bench.harness.load.procs import assign, run_level_procs, split_concurrency, split_schedule
+from k2bench.harness.load.procs import assign, run_level_procs, split_concurrency
+from k2bench.harness.load.procs_rate import split_schedule
 from k2bench.harness.load.selfmeasure import cores_available
 from k2bench.harness.servers import launch
 from k2bench.workloads.prompts import Prompt
@@ -144,7 +145,7 @@ def test_rate_level_split_keeps_one_schedule(tmp_path):
     (intended times on the common start, to within the microseconds the hand-over takes), and sent on
     time as the open-loop sender sends in one process."""
     from k2bench.harness.load import openloop, schedule
-    from k2bench.harness.load.procs import run_rate_level_procs
+    from k2bench.harness.load.procs_rate import run_rate_level_procs
 
     offsets = schedule.arrival_offsets(30, rate=40.0, seed=7)
     done = []
