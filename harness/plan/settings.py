@@ -220,8 +220,8 @@ SETTINGS: tuple[Setting, ...] = (
       example="2"),
     S("max_failure_rate", float, "validity", "fraction of a level's requests that may fail with the level "
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
-    S("max_client_cpu", float, "validity", "a level whose busiest client event loop was running or waiting "
-      "for a core more than this fraction of the time is invalid: the client, not the server, set its pace", default=0.9,
+    S("max_client_cpu", float, "validity", "a level whose busiest client event loop used more than this "
+      "fraction of a core is invalid: the client, not the server, set its pace", default=0.9,
       check=positive, metavar="F", attr="rules.max_client_cpu", example=0.8),
     S("max_loop_lag_ms", float, "validity", "a level whose client event loop ran callbacks later than this "
       "at p99 (ms) is invalid: its stamps are late by as much", default=50.0, check=positive, metavar="MS",

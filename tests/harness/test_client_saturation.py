@@ -2,9 +2,9 @@
 
 The test-only switch K2BENCH_TEST_BURN_US_PER_CHUNK (loadgen._BURN_NS in-process) burns CPU on every chunk
 read, as a slow parser would: 8 streams at a message every 10 ms are 800 chunks/s, so 2 ms a chunk asks
-for 1.6 cores of a loop that has one."""
-# The lag bound is loosened where the test is about CPU: eight engineers share this 2-core machine, and a
-# process waiting for a core shows as lag.
+for 1.6 cores of a loop that has one. On a quiet machine that shows as CPU; on this 2-core machine
+shared by eight engineers the burning loop gets only part of a core, and it shows as lag (and demand).
+The unslowed level is judged with a loose lag bound: a process waiting for a core here shows as lag."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def sweep(tmp_path, url: str, name: str, *extra: str) -> tuple[int, dict]:
 def test_burning_client_is_invalid_with_the_reason(tmp_path, monkeypatch, capsys, burn_us: int) -> None:
     monkeypatch.setattr(loadgen, "_BURN_NS", burn_us * 1000)
     with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
-        code, point = sweep(tmp_path, url, "burn", "--max-loop-lag-ms", "1000")
+        code, point = sweep(tmp_path, url, "burn", *(() if burn_us else ("--max-loop-lag-ms", "1000")))
     client = point["client"]
     # one process, ticking every 5 ms (fewer ticks when the loop is saturated: they wait too)
     assert client["processes"] == 1 and client["lag_samples"] >= 10
@@ -46,18 +46,22 @@ def test_burning_client_is_invalid_with_the_reason(tmp_path, monkeypatch, capsys
         assert code == 1, capsys.readouterr().err
         assert not point["valid"]
         assert "the client was the bottleneck" in point["invalid_reason"]
-        assert "--max-client-cpu" in point["invalid_reason"]
-        # on a shared machine the burning loop may get only part of a core: it was running or waiting for one
+        # the loop was never idle: burning, or waiting for a core to burn on
         assert client["demand_max"] > 0.9 and client["demand_max"] >= client["busy_max"]
+        if client["busy_max"] > 0.9:
+            assert "--max-client-cpu" in point["invalid_reason"]
+        else:
+            assert "--max-loop-lag-ms" in point["invalid_reason"] and client["lag_p99_ms"] > 50
     else:
         assert code == 0, capsys.readouterr().err
         assert point["valid"], point["invalid_reason"]
-        assert client["demand_max"] < 0.9
+        assert client["busy_max"] < 0.5
     assert point["client_lag_p99_ms"] == client["lag_p99_ms"]
 
 
 def test_lag_bound_judges_the_loop(tmp_path, monkeypatch) -> None:
     """The same burn, judged by the lag bound alone: each 2 ms burn holds every callback behind it."""
+    # (the CPU bound is out of reach at 5 cores)
     monkeypatch.setattr(loadgen, "_BURN_NS", 2_000_000)
     with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
         code, point = sweep(tmp_path, url, "lag", "--max-client-cpu", "5", "--max-loop-lag-ms", "1")
@@ -81,12 +85,16 @@ def test_combine_and_the_rule_by_hand() -> None:
     assert client["cores_given"] == 2 and client["cpu_share"] == pytest.approx(0.4)
     assert client["demand_max"] == pytest.approx(0.95) and client["busy_max"] == pytest.approx(0.6)
     assert client["lag_p99_ms"] == 60.0  # the worst process's
-    why = client_bottleneck(client, ValidityRules())
-    assert why == ("the client was the bottleneck: its busiest event loop ran or waited for a core 95% of the "
-                   "time (CPU 60%; > --max-client-cpu 0.9) and its event loop ran callbacks 60.0 ms late at p99 "
-                   "(> --max-loop-lag-ms 50); more --client-procs may help")
-    assert client_bottleneck(client, ValidityRules(max_client_cpu=0.96, max_loop_lag_ms=61)) is None
+    why = client_bottleneck(client, ValidityRules(max_client_cpu=0.5))
+    assert why == ("the client was the bottleneck: its busiest event loop used 60% of a core (> --max-client-cpu "
+                   "0.5) and its event loop ran callbacks 60.0 ms late at p99 (> --max-loop-lag-ms 50); more "
+                   "--client-procs may help")
+    # demand (95%: CPU and run-queue wait) is kept for reading, not judged
+    assert client_bottleneck(client, ValidityRules(max_loop_lag_ms=61)) is None
     # all the cores in use already: no hint to add processes
     full = combine([_part(9.6, 0.0, 10.0, 1.0), _part(1.0, 0.0, 10.0, 1.0)], cores=2)
-    assert client_bottleneck(full, ValidityRules()).endswith("(CPU 96%; > --max-client-cpu 0.9)")
+    assert client_bottleneck(full, ValidityRules()).endswith("used 96% of a core (> --max-client-cpu 0.9)")
     assert client_bottleneck(None, ValidityRules()) is None  # not measured (an imported level)
+    # a window under a second is not judged: a handful of samples, one hiccup decides them
+    short = combine([_part(0.5, 0.0, 0.5, 400.0)], cores=2)
+    assert client_bottleneck(short, ValidityRules()) is None
