@@ -8,9 +8,9 @@ its stamp is late by that wait. Two figures show this over a level's measured wi
   fraction of one core the loop used (``busy``). A loop cannot use more than one core.
 - Demand: that plus the time the thread was ready to run but waiting for a core (the kernel's run-queue
   wait, /proc/thread-self/schedstat), over wall time (``demand``). On a machine shared with other work
-  a saturated loop may get only part of a core: its CPU then reads low while it was never idle. Near 1
-  the loop is the bottleneck, and waits grow steeply before that (a single server's queue at utilisation
-  u waits about u / (1 - u) service times). Where schedstat is missing, demand is the CPU figure.
+  a saturated loop may get only part of a core: its CPU then reads low while it was never idle. Stored
+  for reading; the saturation rule (k2bench.harness.measure.validity) judges CPU and lag, since on a
+  shared machine demand mostly measures the neighbours. Where schedstat is missing, it is the CPU figure.
 - Lag: a ticker asks to wake every TICK_S; how much later than asked it actually ran is what a chunk
   arriving at that moment would have waited. Its p50/p99 are stored; the p99 bounds the stamp error of
   all but 1% of messages. Lag also counts time the process was not scheduled at all (a busy machine).
