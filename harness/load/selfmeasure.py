@@ -92,9 +92,10 @@ def combine(parts: list[dict], cores: int | None = None) -> dict:
 
     ``cpu_cores`` is the client's CPU as a fraction of one core (the sum over processes, so it may pass 1
     with several processes); ``cpu_share`` is that over the cores the client was given: one per process
-(a loop uses one core at most), no more than the ``cores`` it may run on. ``busy_max`` (the
-    busiest loop's fraction of its core) and ``lag_p99_ms`` (the worst process's) are what the saturation
-    rule judges: one saturated loop is enough to spoil the stamps of the requests it carries."""
+    (a loop uses one core at most), no more than the ``cores`` it may run on. ``busy_max`` (the busiest
+    loop's fraction of its core) and ``lag_p99_ms`` (the worst process's) are what the saturation rule
+    judges: one saturated loop is enough to spoil the stamps of the requests it carries. ``demand_max``
+    adds the run-queue wait."""
     cores = cores_available() if cores is None else cores
     cores_given = min(len(parts), cores)
     wall = max(p["wall_s"] for p in parts)
