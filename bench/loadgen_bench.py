@@ -13,8 +13,23 @@ truth (TTFT and per-token gap are the server's settings), so the table shows:
   ``/stats?from=N``): the nominal errors include the server's own lateness on a busy machine,
   these isolate the load generator's.
 
+Further modes (``--mode``):
+
+- ``hotpath``: the client's own per-message work measured alone (CPU time per message over 200k
+  messages formatted as the test server sends them): the SSE framing split and the JSON parse, the
+  part of the per-token cost that is k2bench's own code rather than aiohttp's and the event loop's.
+- ``reruns``: five reruns of one level (concurrency 64, 2 ms gap, 512 tokens); the run-to-run spread
+  (coefficient of variation) of steady-state throughput against whole-level throughput.
+- ``procs``: 1, 2, 4, 8 client processes (``--client-procs``) at concurrency 1,024, 1k in / 1k out, a
+  10 ms gap (102k tokens/s asked for), against several test-server processes sharing one port
+  (``--reuse-port``), each recording its streams (``--record``): tokens/s carried, the client's own
+  figures and validity, and TPOT error against what the servers did, per setting. Sized for the
+  16-core device machine (bench/device_loadgen.sh); ``--quick`` is a CPU-sized smoke run.
+
     python bench/loadgen_bench.py                 # table + results/bench/loadgen_bench.json
     python bench/loadgen_bench.py --quick --out /tmp/lg.json
+    python bench/loadgen_bench.py --mode reruns --out /tmp/reruns.json
+    python bench/loadgen_bench.py --mode procs --servers 8 --out $OUT/procs.json
 """
 
 from __future__ import annotations
@@ -32,6 +47,10 @@ import urllib.request
 from pathlib import Path
 
 from k2bench.harness.load.loadgen import LevelSpec, event_loop_name, run, run_level
+from k2bench.harness.load.procs import run_level_procs
+from k2bench.harness.load.selfmeasure import SelfMeter, combine
+from k2bench.harness.measure.metrics import summarize_level
+from k2bench.harness.measure.validity import ValidityRules, client_bottleneck
 from k2bench.net import free_port
 from k2bench.workloads.prompts import Prompt
 
@@ -40,9 +59,9 @@ CASES = [(64, 200.0, 20.0, 256), (128, 200.0, 20.0, 256), (64, 200.0, 2.0, 1024)
 QUICK = [(64, 200.0, 20.0, 64), (128, 200.0, 20.0, 64), (64, 200.0, 2.0, 256)]
 
 
-def _start_server(port: int, ttft_ms: float, itl_ms: float, core: int | None) -> subprocess.Popen:
+def _start_server(port: int, ttft_ms: float, itl_ms: float, core: int | None, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "k2bench.harness.load.testserver", "--port", str(port),
-           "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+           "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), *extra]
     if core is not None:
         cmd += ["--cpu", str(core)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -78,7 +97,8 @@ def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, cor
         spec = LevelSpec(base_url=f"http://127.0.0.1:{port}", model="k2bench-test", concurrency=conc,
                          num_prompts=waves * conc, num_warmup=conc, timeout_s=600)
         cpu0, wall0 = _cpu_s(), time.perf_counter()
-        records = run(run_level(spec, prompts))
+        meter = SelfMeter()
+        records = run(run_level(spec, prompts, meter=meter))
         cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
         # the server numbers requests from 1 in arrival order; the first `conc` were the warmup
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats?from={conc + 1}", timeout=5) as resp:
@@ -113,7 +133,145 @@ def run_case(conc: int, ttft_ms: float, itl_ms: float, osl: int, waves: int, cor
         "tpot_median_error_vs_server_pct": round((statistics.median(tpot) - actual["tpot_p50_ms"])
                                                  / actual["tpot_p50_ms"] * 100, 3),
         "server_tok_s": round(actual["output_tokens"] / actual["span_s"]),
+        "client": {k: round(v, 3) for k, v in meter.result.items()},
     }
+
+
+def _cv(values: list[float]) -> float:
+    return statistics.pstdev(values) / statistics.mean(values) * 100
+
+
+def run_reruns(n: int, conc: int, itl_ms: float, osl: int, waves: int, core: int | None) -> dict:
+    """Five reruns of one level on a fresh server each: whole-level against steady-state throughput."""
+    rows = []
+    for i in range(n):
+        port = free_port()
+        server = _start_server(port, 50.0, itl_ms, core)
+        try:
+            prompts = [Prompt(input_len=128, output_len=osl, token_ids=[(7 * i + j) % 30000 for j in range(128)])]
+            spec = LevelSpec(base_url=f"http://127.0.0.1:{port}", model="k2bench-test", concurrency=conc,
+                             num_prompts=waves * conc, num_warmup=conc, timeout_s=600)
+            point = summarize_level(run(run_level(spec, prompts)), concurrency=conc, num_gpus=1)
+        finally:
+            server.kill()
+            server.wait()
+        rows.append({"rerun": i, "output_tput": point["output_tput_per_gpu"],
+                     "steady_output_tput": point["steady_output_tput_per_gpu"],
+                     "duration_s": point["duration_s"], "steady_duration_s": point["steady_duration_s"]})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    whole, steady = [r["output_tput"] for r in rows], [r["steady_output_tput"] for r in rows]
+    return {"concurrency": conc, "itl_ms": itl_ms, "osl": osl, "waves": waves, "reruns": rows,
+            "whole_cv_pct": _cv(whole), "steady_cv_pct": _cv(steady),
+            "steady_spread_over_whole": _cv(steady) / _cv(whole)}
+
+
+def _start_servers(count: int, cores: list[int], itl_ms: float, folder: Path) -> tuple[int, list]:
+    port = free_port()
+    servers = [_start_server(port, 50.0, itl_ms, cores[i % len(cores)] if cores else None, "--reuse-port",
+                             "--record", str(folder / f"server{i}.json")) for i in range(count)]
+    return port, servers
+
+
+def _stop_servers(servers: list, folder: Path) -> list[dict]:
+    import signal as sig
+
+    for s in servers:
+        s.send_signal(sig.SIGTERM)
+    for s in servers:
+        s.wait(30)
+    streams = []
+    for f in sorted(folder.glob("server*.json")):
+        streams += json.loads(f.read_text())["streams"]
+        f.unlink()
+    return streams
+
+
+def run_procs(settings: list[int], conc: int, isl: int, osl: int, itl_ms: float, servers: int,
+              server_cores: list[int]) -> list[dict]:
+    """Each client-process count against fresh test servers; TPOT per request against the servers' record.
+    Warmup requests ask for 16 tokens (they open the connections); measured ones for ``osl``."""
+    import tempfile
+
+    rules = ValidityRules()
+    warm = [Prompt(input_len=8, output_len=16, token_ids=[1] * 8) for _ in range(conc)]
+    measured = [Prompt(input_len=isl + i, output_len=osl, token_ids=[(i + j) % 30000 for j in range(isl + i)])
+                for i in range(conc)]
+    rows = []
+    for procs in settings:
+        folder = Path(tempfile.mkdtemp(prefix="k2lg"))
+        port, srv = _start_servers(servers, server_cores, itl_ms, folder)
+        try:
+            for _ in range(300):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            spec = LevelSpec(base_url=f"http://127.0.0.1:{port}", model="k2bench-test", concurrency=conc,
+                             num_prompts=conc, num_warmup=conc, timeout_s=600)
+            if procs == 1:
+                meter = SelfMeter()
+                records, meters = run(run_level(spec, warm + measured, meter=meter)), []
+                meters = [meter.result]
+            else:
+                records, meters = run(run_level_procs(spec, warm + measured, procs))
+        finally:
+            truth = {s["prompt_tokens"]: s for s in _stop_servers(srv, folder)}
+        point = summarize_level(records, concurrency=conc, num_gpus=1)
+        client = combine(meters)
+        errors = []
+        for r in records:
+            s = truth.get(r.requested_input_tokens)
+            if r.warmup or not r.success or s is None or s["messages"] < 2:
+                continue
+            mine = (r.token_ns[-1] - r.token_ns[0]) / 1e6 / (r.output_tokens - 1)
+            theirs = (s["last_sent"] - s["first_sent"]) * 1e3 / (s["messages"] - 1)
+            errors.append((mine - theirs) / theirs * 100)
+        why = client_bottleneck(client, rules)
+        rows.append({"procs": procs, "concurrency": conc, "completed": point["completed"], "failed": point["failed"],
+                     "output_tok_s": point["output_tput_per_gpu"], "steady_output_tok_s":
+                     point["steady_output_tput_per_gpu"], "asked_tok_s": conc / (itl_ms / 1e3),
+                     "tpot_err_median_pct": statistics.median(errors) if errors else None,
+                     "tpot_err_p99_abs_pct": sorted(map(abs, errors))[int(0.99 * (len(errors) - 1))] if errors else None,
+                     "client_cpu_cores": client["cpu_cores"], "demand_max": client["demand_max"],
+                     "lag_p99_ms": client["lag_p99_ms"], "valid_client": why is None, "why": why})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def run_hotpath(n: int = 200_000) -> list[dict]:
+    """CPU per message of the SSE handling in stream_one: the framing split and the message's parse."""
+    from k2bench.harness.load.loadgen import _Stream
+
+    head = b'{"id":"cmpl-7","object":"text_completion","created":0,"model":"k2bench-test","choices":[{"index":0,"text":"'
+    msgs = [head + b" t%d" % (i % 30000) + b'","logprobs":null,"finish_reason":null}],"usage":null}' for i in range(n)]
+    chunks = [b"data: " + m + b"\n\n" for m in msgs]
+
+    def cpu(fn) -> float:
+        t0 = time.process_time()
+        fn()
+        return (time.process_time() - t0) / n * 1e6
+
+    def split() -> None:
+        for c in chunks:
+            parts = c.split(b"\n\n")
+            parts.pop()
+            for part in parts:
+                if part[:6] == b"data: " and b"\n" not in part:
+                    part[6:]
+
+    state = _Stream([])
+    rows = [{"step": "SSE framing split (per chunk)", "us_per_message": cpu(split)},
+            {"step": "message parse (orjson) and token check", "us_per_message":
+             cpu(lambda: [state.payload(m, 1) for m in msgs])}]
+    assert len(state.token_ns) == n
+    return rows
+
+
+def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -122,11 +280,31 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter streams, for a smoke run")
     ap.add_argument("--waves", type=int, default=2, help="measured requests = waves x concurrency")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server and client to cores")
+    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs"), default="accuracy")
+    ap.add_argument("--reruns", type=int, default=5)
+    ap.add_argument("--servers", type=int, default=8, help="procs mode: test-server processes sharing the port")
     args = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     pin = not args.no_pin and len(cores) >= 2
+    if args.mode == "procs":
+        _main_procs(args, cores, pin)
+        return
     if pin:
         os.sched_setaffinity(0, {cores[1]})
+    if args.mode == "hotpath":
+        rows = run_hotpath()
+        print(_table(("step", "client CPU us/message"), [(r["step"], f"{r['us_per_message']:.2f}") for r in rows]))
+        _write(args.out, {"bench": "loadgen-hotpath", "machine": _machine(pin), "rows": rows})
+        return
+    if args.mode == "reruns":
+        res = run_reruns(args.reruns, 64, 2.0, 128 if args.quick else 512, args.waves, cores[0] if pin else None)
+        print(_table(("rerun", "whole-level output tok/s", "steady-state output tok/s", "duration s", "steady s"),
+                     [(r["rerun"], f"{r['output_tput']:.0f}", f"{r['steady_output_tput']:.0f}",
+                       f"{r['duration_s']:.2f}", f"{r['steady_duration_s']:.2f}") for r in res["reruns"]]))
+        print(f"spread (CV) of {args.reruns} reruns: whole level {res['whole_cv_pct']:.2f}%, steady state "
+              f"{res['steady_cv_pct']:.2f}% ({res['steady_spread_over_whole']:.2f}x the whole level's)")
+        _write(args.out, {"bench": "loadgen-reruns", "machine": _machine(pin), **res})
+        return
     rows = []
     for conc, ttft, itl, osl in (QUICK if args.quick else CASES):
         row = run_case(conc, ttft, itl, osl, args.waves, cores[0] if pin else None)
@@ -142,15 +320,39 @@ def main() -> None:
                      f"{r['ttft_p99_error_ms']:+.1f} | {r['tpot_median_error_pct']:+.2f} | {r['server_tok_s']} | "
                      f"{r['ttft_median_error_vs_server_ms']:+.1f} | {r['tpot_median_error_vs_server_pct']:+.2f} |")
     print("\n".join(lines))
-    load = os.getloadavg()
-    doc = {"bench": "loadgen", "machine": {"host": platform.node(), "cpus": os.cpu_count(), "pinned": pin,
-                                           "loadavg_at_end": load, "python": platform.python_version(),
-                                           "event_loop": event_loop_name()},
-           "ttft_ms": 200.0, "rows": rows}
-    out = Path(args.out)
+    _write(args.out, {"bench": "loadgen", "machine": _machine(pin), "ttft_ms": 200.0, "rows": rows})
+
+
+def _main_procs(args, cores: list[int], pin: bool) -> None:
+    """Servers on the first cores, the client (and its worker processes, which inherit it) on the rest."""
+    servers = 2 if args.quick else args.servers
+    server_cores = cores[:servers] if pin and len(cores) > servers else []
+    if server_cores:
+        os.sched_setaffinity(0, set(cores[servers:]))
+    conc, isl, osl, itl = (64, 64, 128, 10.0) if args.quick else (1024, 1024, 1024, 10.0)
+    settings = [1, 2] if args.quick else [1, 2, 4, 8]
+    rows = run_procs(settings, conc, isl, osl, itl, servers, server_cores)
+    print(_table(("client procs", "asked tok/s", "carried tok/s", "steady tok/s", "client CPU cores",
+                  "demand (busiest)", "lag p99 ms", "TPOT err p50 %", "TPOT abs err p99 %", "client valid"),
+                 [(r["procs"], f"{r['asked_tok_s']:.0f}", f"{r['output_tok_s']:.0f}", f"{r['steady_output_tok_s']:.0f}",
+                   f"{r['client_cpu_cores']:.2f}", f"{r['demand_max']:.2f}", f"{r['lag_p99_ms']:.1f}",
+                   f"{r['tpot_err_median_pct']:+.2f}", f"{r['tpot_err_p99_abs_pct']:.2f}",
+                   "yes" if r["valid_client"] else "no") for r in rows]))
+    _write(args.out, {"bench": "loadgen-procs", "machine": _machine(pin), "servers": servers,
+                      "server_cores": server_cores, "concurrency": conc, "isl": isl, "osl": osl, "itl_ms": itl,
+                      "rows": rows})
+
+
+def _machine(pin: bool) -> dict:
+    return {"host": platform.node(), "cpus": os.cpu_count(), "pinned": pin, "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(), "event_loop": event_loop_name()}
+
+
+def _write(path: str, doc: dict) -> None:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
-    print(f"wrote {out} (load average at end: {load[0]:.2f})")
+    print(f"wrote {out} (load average at end: {doc['machine']['loadavg_at_end'][0]:.2f})")
 
 
 if __name__ == "__main__":

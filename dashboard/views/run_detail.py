@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from k2bench.dashboard import cache, charts, data, telemetry_charts
+from k2bench.dashboard import cache, charts, data, steady_charts, telemetry_charts
 from k2bench.dashboard.views.common import csv_download, run_param_problem, slo_input, table_columns
 from k2bench.harness.analysis.mdsafe import md_text
 
@@ -72,6 +72,10 @@ def render(url: str, runs: pd.DataFrame) -> None:
     st.subheader("Per-request distributions")
     concs = [int(c) for c in table["concurrency"]]
     conc = st.selectbox("Concurrency", concs, index=len(concs) - 1, key="detail_conc")
+    for point in (p for p in cache.levels(url, run_id) if p.get("concurrency") == conc):
+        fig = steady_charts.slices_figure(point)
+        if fig is not None:
+            st.plotly_chart(fig, key=f"detail_slices_{point.get('trial') or 0}")
     reqs = cache.requests(url, run_id, conc)
     if reqs.empty:
         st.info("No per-request records are stored for this level (for example, a run imported without them).")

@@ -37,6 +37,7 @@ from k2bench.harness.load.level_watch import (
     LevelWatch,
 )
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.load.selfmeasure import SelfMeter
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
@@ -57,6 +58,16 @@ except ImportError:  # pragma: no cover - depends on the environment
     _NUMPY = 0
 
 READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
+# Test-only: burn this many microseconds of CPU per chunk read, to show that a saturated client makes
+# its level invalid (tests/harness/test_client_saturation.py). Read once, at import.
+BURN_ENV = "K2BENCH_TEST_BURN_US_PER_CHUNK"
+_BURN_NS = int(float(os.environ.get(BURN_ENV) or 0) * 1e3)
+
+
+def _burn() -> None:
+    end = time.thread_time_ns() + _BURN_NS
+    while time.thread_time_ns() < end:
+        pass
 
 
 def event_loop_name() -> str:
@@ -65,6 +76,17 @@ def event_loop_name() -> str:
 
 def _use_uvloop() -> bool:
     return _uvloop is not None and sys.version_info >= (3, 11) and os.environ.get("K2BENCH_NO_UVLOOP") != "1"
+
+
+def _allow_open_files(connections: int) -> None:
+    """Raise this process's open-file limit towards its hard limit when a level needs more sockets than
+    the soft limit (often 1,024) allows: concurrency 1,024 in one process would fail on EMFILE."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256  # the loop, pipes, log files, the telemetry's own connections
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
 def run(coro):
@@ -238,6 +260,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
                 if not chunk:
                     break
                 t = now()  # arrival: before any splitting or parsing
+                if _BURN_NS:
+                    _burn()
                 if tail:
                     chunk = tail + chunk
                 if b"\r" in chunk:
@@ -304,31 +328,51 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
             raise result
 
 
-async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
-                    on_done: Callable[[RequestRecord], None] | None = None,
-                    watch: LevelWatch | None = None,
-                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None) -> list[RequestRecord]:
-    """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
-
-    Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
-    Prompts are used in order and reused cyclically if there are fewer than requests. When ``watch``
-    stops the level early, only the requests that were sent are returned (see ``watch.stopped``).
-    ``on_window`` (start, end) brackets the measured requests: start runs once every warmup request
-    has finished, end once every measured one has (telemetry windows; both are blocking calls, run in a
-    worker thread).
-    """
+def build_work(spec: LevelSpec, prompts: Sequence[Prompt]) -> list[tuple[bytes, RequestRecord]]:
+    """Each request of a level (warmup first) as its serialised body and the record it will fill: built
+    before the level starts, so that nothing of it runs on the hot path. Prompts are used in order and
+    reused cyclically if there are fewer than requests."""
     if not prompts:
         raise ValueError("no prompts")
-    watch = watch or LevelWatch()
-    url = normalize_base_url(spec.base_url) + "/v1/completions"
-    total = spec.num_warmup + spec.num_prompts
     work: list[tuple[bytes, RequestRecord]] = []
-    for i in range(total):
+    for i in range(spec.num_warmup + spec.num_prompts):
         p = prompts[i % len(prompts)]
         rec = RequestRecord(index=i, concurrency=spec.concurrency, warmup=i < spec.num_warmup,
                             requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0)
         work.append((request_body(spec.model, p, spec.extra_body), rec))
-    warm, measured = work[: spec.num_warmup], work[spec.num_warmup:]
+    return work
+
+
+async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
+                    on_done: Callable[[RequestRecord], None] | None = None,
+                    watch: LevelWatch | None = None,
+                    on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                    meter: SelfMeter | None = None) -> list[RequestRecord]:
+    """Warm up, then run ``spec.num_prompts`` requests with ``spec.concurrency`` always in flight.
+
+    Returns warmup records first (``warmup=True``) then measured ones; indices count across both.
+    When ``watch`` stops the level early, only the requests that were sent are returned (see
+    ``watch.stopped``). ``on_window`` (start, end) brackets the measured requests: start runs once every
+    warmup request has finished, end once every measured one has (telemetry windows; both are blocking
+    calls, run in a worker thread). ``meter`` measures the client over the measured requests (see
+    selfmeasure). Several processes share a level through k2bench.harness.load.procs.
+    """
+    return await run_work(spec, build_work(spec, prompts), on_done, watch, on_window, meter)
+
+
+async def run_work(spec: LevelSpec, work: Sequence[tuple[bytes, RequestRecord]],
+                   on_done: Callable[[RequestRecord], None] | None = None,
+                   watch: LevelWatch | None = None,
+                   on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
+                   meter: SelfMeter | None = None, check_warmup: bool = True) -> list[RequestRecord]:
+    """`run_level` on requests already built (`build_work`), ``spec.concurrency`` of them in flight: one
+    process's share of a level when several share it (``check_warmup=False``: the level's warmup is
+    judged where all shares meet)."""
+    watch = watch or LevelWatch()
+    _allow_open_files(spec.concurrency)
+    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    warm = [w for w in work if w[1].warmup]
+    measured = [w for w in work if not w[1].warmup]
     deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)
     watcher = asyncio.ensure_future(watch.watch(deadline))
     gc.collect()
@@ -337,14 +381,18 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
         async with make_session(spec.timeout_s, spec.api_key) as session:
             if warm:
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done, watch)
-                if watch.stopped is None and not any(r.success for _, r in warm):
+                if check_warmup and watch.stopped is None and not any(r.success for _, r in warm):
                     raise ServerError(f"every warmup request failed; first error: {warm[0][1].error}")
             if watch.stopped is None:
                 if on_window is not None:
                     await asyncio.to_thread(on_window[0])  # off the loop: a server in this process still answers
+                if meter is not None:
+                    meter.start()
                 try:
                     await _closed_loop(session, url, measured, spec.concurrency, spec.timeout_s, on_done, watch)
                 finally:
+                    if meter is not None:
+                        meter.stop()
                     if on_window is not None:
                         await asyncio.to_thread(on_window[1])
     finally:

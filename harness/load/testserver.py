@@ -222,8 +222,11 @@ class TestServer:
             return _error(401, "invalid or missing API key")
         return await handler(request)
 
-    async def serve(self, host: str, port: int) -> None:
-        """Serve until SIGINT/SIGTERM (aiohttp's low-level server: the routes are few)."""
+    async def serve(self, host: str, port: int, reuse_port: bool = False, record: str | None = None) -> None:
+        """Serve until SIGINT/SIGTERM (aiohttp's low-level server: the routes are few). ``reuse_port``
+        lets several server processes share the port (the kernel spreads connections over them), for a
+        load one process cannot carry; ``record`` is a file each stream's record is written to at exit,
+        the truth of every process when /stats reaches only one of them."""
         import signal
 
         self._routes = self.routes()
@@ -232,12 +235,15 @@ class TestServer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
         server = _StampingServer(self.dispatch, access_log=None)
-        tcp = await loop.create_server(server, host, port, backlog=4096, reuse_address=True)
+        tcp = await loop.create_server(server, host, port, backlog=4096, reuse_address=True, reuse_port=reuse_port)
         try:
             await stop
         finally:
             tcp.close()
             await server.shutdown(1.0)
+            if record:
+                with open(record, "w") as f:
+                    json.dump({"late_ms": self.late_ms[:100_000], "streams": [d._asdict() for d in self.done]}, f)
 
     def _ready(self) -> bool:
         return time.monotonic() - self.started >= self.config.start_delay_s
@@ -462,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
+    p.add_argument("--reuse-port", action="store_true", help="share the port with other test-server processes")
+    p.add_argument("--record", default=None, help="write each stream's record to this JSON file at exit")
     return p
 
 
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {args.cpu})
     from k2bench.harness.load.loadgen import run
 
-    run(TestServer(config_from_args(args)).serve(args.host, args.port))
+    run(TestServer(config_from_args(args)).serve(args.host, args.port, args.reuse_port, args.record))
 
 
 if __name__ == "__main__":

@@ -151,6 +151,24 @@ def _catalogue() -> tuple[Metric, ...]:
                               decimals=2 if group in ("tpot_ms", "itl_ms") else 1,
                               sample=None if key == "std" else sample,
                               gate=(group, key) in gated, table=(group, key) in shown))
+    # over the steady-state window only (k2bench.harness.measure.steady): less start-up and drain, less
+    # run-to-run noise at high concurrency. No per-request sample (the window cuts requests); trials and
+    # history judge them, and the gate may be pointed at them.
+    out += [
+        Metric("steady_tput_per_gpu", f"Steady-state throughput ({tput})", f"steady {tput}", tput, True),
+        Metric("steady_output_tput_per_gpu", f"Steady-state output throughput ({tput})", f"steady output {tput}",
+               tput, True),
+    ]
+    for group, name in (("steady_tpot_ms", "TPOT"), ("steady_itl_ms", "ITL")):
+        for key in ("median", "p90", "p99"):
+            out.append(Metric(stat_column(group, key), f"Steady-state {name} {key} (ms)",
+                              f"steady {name} {_stat_label(key)}", "ms", False, decimals=2))
+    # the client's own load (k2bench.harness.load.selfmeasure): lower is better, but it judges the level's
+    # validity, not the server
+    out += [
+        Metric("client_cpu", "Client CPU (fraction of one core)", "client CPU", "cores", False, decimals=2),
+        Metric("client_lag_p99_ms", "Client event-loop lag p99 (ms)", "client lag p99", "ms", False, decimals=1),
+    ]
     # what a level cost (k2bench.harness.telemetry). At one price, $/Mtok is inverse throughput, so a
     # request's time per output token moves with it. Energy is measured per window, not per request (a
     # request's time would miss a change in power), so J/token has no sample: trials and history judge it.

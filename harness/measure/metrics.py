@@ -12,7 +12,8 @@ Per level (warmup records ignored; duration = first send to last finish (end_ns)
 - tput_per_gpu = (input + output tokens of completed requests) / duration / num_gpus.
 - interactivity = 1000 / TPOT percentile in ms ("tok/s/user"), see ``_interactivity``.
 
-Labels, units and directions of these figures are in k2bench.harness.measure.catalogue.
+Steady-state figures (the window with >= 90% of the concurrency in flight, one-second slices) are
+defined in k2bench.harness.measure.steady. Labels, units and directions of these figures are in k2bench.harness.measure.catalogue.
 
 Percentiles are numpy's default linear interpolation (``np.percentile(..., method="linear")``);
 std is the population standard deviation (ddof=0), as vLLM's benchmark_serving reports it.
@@ -29,6 +30,7 @@ import numpy as np
 from k2bench.errors import UserError
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
+from k2bench.harness.measure.steady import summarize_steady
 
 __all__ = ["INTERACTIVITY_KEYS", "LATENCY_METRICS", "STAT_KEYS", "measured", "request_metrics", "stats",
            "summarize_level"]
@@ -164,4 +166,5 @@ def summarize_level(
     summaries = {name: stats(values) for name, values in lat.items()}
     point["interactivity"] = _interactivity(summaries["tpot_ms"])
     point.update(summaries)
+    point.update(summarize_steady(records, concurrency=concurrency, num_gpus=num_gpus))
     return point

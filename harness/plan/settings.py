@@ -99,6 +99,10 @@ def _slo(v: str) -> None:
     parse_slo(v)
 
 
+def _client_procs(v: str) -> str | None:
+    return None if v == "auto" or (v.isdigit() and int(v) >= 1) else "must be a whole number (1 or more) or 'auto'"
+
+
 def _gpu_ids(v: str) -> None:
     from k2bench.harness.telemetry.gpu import parse_gpu_ids
 
@@ -229,8 +233,19 @@ SETTINGS: tuple[Setting, ...] = (
     S("level_timeout", float, "load", "bound on a whole level, warmup included; a level that runs longer is "
       "stopped and stored invalid (default: none)", check=positive, metavar="S", attr="level_timeout_s",
       example=900),
+    S("client_procs", str, "load", "client processes that share each level's requests, each with its own "
+      "event loop and connections; 'auto' sizes each level from its expected token rate and the client's "
+      "measured CPU per token, up to the cores", default="1", metavar="N|auto",
+      check=_client_procs,
+      example="2"),
     S("max_failure_rate", float, "validity", "fraction of a level's requests that may fail with the level "
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
+    S("max_client_cpu", float, "validity", "a level whose busiest client event loop used more than this "
+      "fraction of a core is invalid: the client, not the server, set its pace", default=0.9,
+      check=positive, metavar="F", attr="rules.max_client_cpu", example=0.8),
+    S("max_loop_lag_ms", float, "validity", "a level whose client event loop ran callbacks later than this "
+      "at p99 (ms) is invalid: its stamps are late by as much", default=50.0, check=positive, metavar="MS",
+      attr="rules.max_loop_lag_ms", example=20),
     S("max_rate_error", float, "validity", "rate levels: the achieved rate may miss the rate the level's "
       "schedule asked for by this fraction with the level still valid", default=0.05,
       check=lambda v: None if 0 < v < 1 else "must be above 0 and below 1", metavar="R",

@@ -225,6 +225,23 @@ class Point:
     tpot_ms: dict | None = _stats("time per output token after the first, ms")
     itl_ms: dict | None = _stats("gaps between token messages, ms")
     e2el_ms: dict | None = _stats("request sent to last token, ms")
+    # the client's own load over the measured requests (k2bench.harness.load.selfmeasure); null: not measured
+    client: dict | None = col("dict?", JSON(), "the client over the measured window: processes, cores_available, "
+                              "cores_given, cpu_s, wall_s, cpu_cores, cpu_share, busy_max, lag_p50_ms, lag_p99_ms, "
+                              "lag_max_ms, per_process")
+    client_cpu: float | None = col("float?", Float(), "client CPU (user + system) as a fraction of one core")
+    client_cpu_share: float | None = col("float?", Float(), "client CPU as a fraction of the cores it was given")
+    client_lag_p99_ms: float | None = col("float?", Float(), "p99 event-loop lag of the client, ms (worst process)")
+    # steady state (k2bench.harness.measure.steady): the window with >= 90% of the concurrency in flight
+    steady: dict | None = col("dict?", JSON(), "steady-state window (fraction, threshold, start_s, end_s from the "
+                              "first send) and one-second slices (t_s, output_tok_s, in_flight, tpot_ms)")
+    steady_duration_s: float | None = col("float?", Float(), "length of the steady-state window, s")
+    steady_tput_per_gpu: float | None = col("float?", Float(), "(input + output tokens) over the steady-state "
+                                            "window / window / GPUs")
+    steady_output_tput_per_gpu: float | None = col("float?", Float(), "output tokens over the steady-state "
+                                                   "window / window / GPUs")
+    steady_tpot_ms: dict | None = _stats("TPOT of requests sent and finished in the steady-state window, ms")
+    steady_itl_ms: dict | None = _stats("gaps between token messages inside the steady-state window, ms")
 
 
 @dataclass

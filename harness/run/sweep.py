@@ -19,7 +19,8 @@ from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import crash, redact
-from k2bench.harness.load import openloop, schedule
+from k2bench.harness.load import openloop, procs, procs_rate, schedule, selfmeasure
+from k2bench.harness.load.client_size import ClientSizer
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
@@ -76,6 +77,7 @@ class SweepConfig:
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
     slo: str | None = None  # SLO text (k2bench.harness.measure.slo): each level's attainment and goodput
+    client_procs: str = settings.default("client_procs")  # worker processes per level: "N" or "auto"
     rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s (inf: all at once)
     burstiness: float = settings.default("burstiness")  # gamma shape of the gaps (1 = Poisson)
     max_inflight: int | None = None  # rate levels: cap on requests in flight
@@ -282,6 +284,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
+            sizer = ClientSizer(cfg.client_procs, speed.step_at if speed is not None else None)
             if plan is None:
                 plan = [Level(c, trial=t) for c in cfg.levels for t in range(cfg.trials)]
                 plan += [Level(None, rate=r, trial=t) for r in cfg.rates for t in range(cfg.trials)]
@@ -299,7 +302,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
                                      num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    level = run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end))
+                    level = procs.closed_level(spec, prompts, sizer.procs_for(conc), on_done, watch,
+                                               on_window=(tel.begin, tel.end))
                 else:
                     name = f"rate {rate:g}/s"
                     level_seed = schedule.level_seed(w.seed, rate, trial)
@@ -313,10 +317,11 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
                                      num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(name, trial, len(offsets)) if events.level_start else None
-                    level = openloop.run_rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight, on_done,
-                                                    watch, on_window=(tel.begin, tel.end))
+                    level = procs_rate.rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight,
+                                                  sizer.procs_for_rate(rate, w.osl, len(offsets)), on_done, watch,
+                                                  on_window=(tel.begin, tel.end))
                 try:
-                    records = run_async(level)
+                    records, meters = run_async(level)
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
@@ -340,6 +345,9 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                     if slo is not None:
                         point.update(attainment(records, slo, duration_s=point["duration_s"],
                                                 num_gpus=meta["num_gpus"]).fields())
+                    client = selfmeasure.combine(meters) if meters else None
+                    sizer.measured(conc if rate is None else None, records, client)
+                    point.update(selfmeasure.point_fields(client))
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
