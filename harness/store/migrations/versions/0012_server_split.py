@@ -4,7 +4,7 @@ and server TTFT) and speculative decoding's acceptance length and draft acceptan
 Plain ADD COLUMNs (nullable, no default): no table rebuild on SQLite. NULL for levels written before.
 
 Revision ID: 0012
-Revises: 0008
+Revises: 0010
 Create Date: 2026-12-02
 """
 
