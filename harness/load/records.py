@@ -24,6 +24,9 @@ class RequestRecord:
     output_tokens: int | None = None  # server's usage.completion_tokens (never replaced by a count)
     success: bool = False
     error: str | None = None  # first error message, for failed requests
+    cached_tokens: int | None = None  # server's usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
+    session: int | None = None  # conversations: which session (user) the request belongs to
+    turn: int | None = None  # conversations: its turn in the session, from 1
 
     @property
     def osl_mismatch(self) -> bool:

@@ -9,7 +9,17 @@ start) let tests check that the load generator reports them.
 
     python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
-Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
+Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id. A chat
+request's prompt is the tokens of its messages' contents, one after the other.
+
+``--prefix-cache-blocks N`` turns on a model of automatic prefix caching: prompts are cut into blocks of
+``--cache-block-size`` tokens, each keyed by a hash chained over its tokens and every block before it; a
+request's cached tokens are its leading blocks already held (at most the prompt less one token, as vLLM
+reports them), counted from arrival; the cache keeps the N most recently used blocks. It reports
+``usage.prompt_tokens_details.cached_tokens`` and, on ``/metrics``, the counters
+``k2bench_prefix_cache_queries_total`` and ``k2bench_prefix_cache_hits_total`` (prompt tokens looked up and
+found), and prefill time is charged for uncached tokens only. ``--keep-prompts`` keeps each request's
+prompt (``GET /received``), so tests can read what a client sent.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import os
 import signal
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -71,6 +82,10 @@ class ServerConfig:
     vocab_size: int = 0  # refuse prompts with token ids >= this, as a real model does (0: any id)
     root: str | None = None  # reported as the model's "root" in /v1/models (vLLM reports its model path)
     kill_after: int = 0  # SIGKILL this process when request kill_after + 1 arrives (0: never), a crash
+    prefix_cache_blocks: int = 0  # blocks the prefix-cache model holds (0: no prefix cache)
+    cache_block_size: int = 16  # tokens per cached block
+    cache_metrics: bool = True  # with the cache model: expose its counters on /metrics
+    keep_prompts: bool = False  # keep every request's prompt for GET /received
 
 
 class StreamRecord(NamedTuple):
@@ -109,6 +124,43 @@ def _prompt_ids(prompt: object) -> list[int]:
     raise ValueError("prompt must be a string, a list of token ids, or a one-element batch of either")
 
 
+class PrefixCache:
+    """Full blocks keyed by a hash chained over their tokens and their prefix, least recently used out."""
+
+    def __init__(self, blocks: int, block_size: int) -> None:
+        self.capacity, self.size = blocks, block_size
+        self.held: OrderedDict[int, None] = OrderedDict()
+        self.queries = self.hits = 0
+
+    def lookup_and_insert(self, ids: list[int]) -> int:
+        """Tokens of ``ids`` found cached (whole leading blocks, at most len - 1); then every full block is held."""
+        keys, h = [], 0
+        for start in range(0, len(ids) - self.size + 1, self.size):
+            h = hash((h, tuple(ids[start:start + self.size])))
+            keys.append(h)
+        hit = 0
+        for key in keys:
+            if key not in self.held:
+                break
+            hit += 1
+        cached = min(hit * self.size, max(len(ids) - 1, 0))
+        for key in keys:
+            self.held[key] = None
+            self.held.move_to_end(key)
+        while len(self.held) > self.capacity:
+            self.held.popitem(last=False)
+        self.queries += len(ids)
+        self.hits += cached
+        return cached
+
+
+def _chat_ids(messages: object) -> list[int]:
+    if not (isinstance(messages, list) and messages
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)):
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    return [t for m in messages for t in _tokenize(m["content"])]
+
+
 def _error(status: int, message: str) -> web.Response:
     body = {"object": "error", "message": message, "type": "BadRequestError", "code": status}
     return web.json_response(body, status=status)
@@ -126,11 +178,30 @@ class TestServer:
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
+        self.cache = PrefixCache(config.prefix_cache_blocks, config.cache_block_size) \
+            if config.prefix_cache_blocks else None
+        self.received: list[dict] = []  # with keep_prompts: {"number", "prompt" or "messages"} of each request
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
                 ("POST", "/v1/completions"): self.completions, ("POST", "/tokenize"): self.tokenize,
-                ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats}
+                ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats,
+                ("POST", "/v1/chat/completions"): self.completions, ("GET", "/received"): self.show_received,
+                **({("GET", "/metrics"): self.metrics} if self.cache and self.config.cache_metrics else {})}
+
+    async def metrics(self, request: web.BaseRequest) -> web.Response:
+        """The prefix-cache model's counters, named as the bundled engine names them."""
+        cache = self.cache
+        lines = []
+        for name, value, what in (("queries", cache.queries, "prompt tokens looked up in the prefix cache"),
+                                  ("hits", cache.hits, "prompt tokens found in the prefix cache")):
+            lines += [f"# HELP k2bench_prefix_cache_{name}_total {what}",
+                      f"# TYPE k2bench_prefix_cache_{name}_total counter",
+                      f"k2bench_prefix_cache_{name}_total {value}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def show_received(self, request: web.BaseRequest) -> web.Response:
+        return web.json_response(self.received)
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -226,10 +297,14 @@ class TestServer:
             return _error(400, "request body is not JSON")
         if cfg.fail_status and n % max(cfg.fail_every, 1) == 0:
             return _error(cfg.fail_status, f"test server configured to fail request {n}")
+        chat = request.path.endswith("/chat/completions")
         try:
-            prompt = _prompt_ids(body.get("prompt"))
+            prompt = _chat_ids(body.get("messages")) if chat else _prompt_ids(body.get("prompt"))
         except ValueError as exc:
             return _error(400, str(exc))
+        if cfg.keep_prompts and len(self.received) < 100_000:
+            self.received.append({"number": n, **({"messages": body["messages"]} if chat
+                                                  else {"prompt": body.get("prompt")})})
         bad = next((t for t in prompt if cfg.vocab_size and not 0 <= t < cfg.vocab_size), None)
         if bad is not None:
             return _error(400, f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
@@ -242,24 +317,31 @@ class TestServer:
         if not body.get("stream"):
             return _error(400, "this test server only streams (set stream=true)")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        cached = self.cache.lookup_and_insert(prompt) if self.cache else None
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            await self._stream(resp, request.transport, arrived, len(prompt), max_tokens, include_usage, n)
+            await self._stream(resp, request.transport, arrived, len(prompt), max_tokens, include_usage, n, cached,
+                               chat)
         finally:
             self.active -= 1
         return resp
 
     async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float, prompt_len: int, max_tokens: int,
-                      include_usage: bool, n: int) -> None:
+                      include_usage: bool, n: int, cached: int | None = None, chat: bool = False) -> None:
         cfg = self.config
-        first = arrived + cfg.ttft_ms / 1e3 + prompt_len * cfg.prefill_us_per_token / 1e6
+        first = arrived + cfg.ttft_ms / 1e3 + (prompt_len - (cached or 0)) * cfg.prefill_us_per_token / 1e6
         gap = cfg.itl_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
-        head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
+        if chat:
+            head = (f'data: {{"id":"chat-{n}","object":"chat.completion.chunk","created":0,"model":"{cfg.model}",'
+                    f'"choices":[{{"index":0,"delta":{{"content":"')
+        else:
+            head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
+        close = '"}' if chat else '"'
         sent = 0
         message = 0
         first_sent = 0.0
@@ -284,13 +366,15 @@ class TestServer:
             sent += count
             message += 1
             finish = '"length"' if sent == max_tokens else "null"
-            await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
+            await resp.write(f'{head}{text}{close},"logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         if len(self.done) < 1_000_000:
             self.done.append(StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len))
         if include_usage:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
                      "total_tokens": prompt_len + completion}
+            if cached is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
             tail = {"id": f"cmpl-{n}", "object": "text_completion", "created": 0, "model": cfg.model,
                     "choices": [], "usage": usage}
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
@@ -317,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=0, help="refuse token ids >= this with HTTP 400 (0: any)")
     p.add_argument("--root", default=None, help="the model folder /v1/models reports as the model's root")
     p.add_argument("--kill-after", type=int, default=0, help="SIGKILL itself when request N + 1 arrives")
+    p.add_argument("--prefix-cache-blocks", type=int, default=0, help="model a prefix cache of N blocks (0: none)")
+    p.add_argument("--cache-block-size", type=int, default=ServerConfig.cache_block_size, help="tokens per block")
+    p.add_argument("--no-cache-metrics", action="store_true", help="no /metrics for the cache model (usage only)")
+    p.add_argument("--keep-prompts", action="store_true", help="keep each request's prompt for GET /received")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     return p
 
@@ -328,6 +416,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         end_early_after=args.end_early_after, completion_tokens_delta=args.completion_tokens_delta,
         start_delay_s=args.start_delay_s, max_model_len=args.max_model_len, api_key=args.api_key,
         vocab_size=args.vocab_size, root=args.root, kill_after=args.kill_after,
+        prefix_cache_blocks=args.prefix_cache_blocks, cache_block_size=args.cache_block_size,
+        cache_metrics=not args.no_cache_metrics, keep_prompts=args.keep_prompts,
     )
 
 

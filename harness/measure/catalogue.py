@@ -34,7 +34,7 @@ INTERACTIVITY_KEYS = ("median", "p90", "p99")
 
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
-SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms")
+SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms", "hit_share")
 
 TRIAL_AGGREGATION = "median"
 
@@ -152,6 +152,9 @@ def _catalogue() -> tuple[Metric, ...]:
                decimals=3, sample="inv_output_rate"),
         Metric("pct_roofline", "Share of the roofline (% of its tok/s/GPU)", "% roofline", "%", True, decimals=1,
                table=True),
+        # k2bench.harness.measure.workload_metrics: None (not shown) for a server that reports no cache
+        Metric("prefix_hit_rate", "Prefix-cache hit rate (cached / prompt tokens)", "hit rate", "", True,
+               decimals=3, sample="hit_share", gate=True, table=True),
     ]
     return tuple(out)
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from k2bench.errors import UserError
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure import workload_metrics
 from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 
 __all__ = ["INTERACTIVITY_KEYS", "LATENCY_METRICS", "STAT_KEYS", "measured", "request_metrics", "stats",
@@ -164,4 +165,5 @@ def summarize_level(
     summaries = {name: stats(values) for name, values in lat.items()}
     point["interactivity"] = _interactivity(summaries["tpot_ms"])
     point.update(summaries)
+    point.update(workload_metrics.level_fields(recs))
     return point

@@ -23,9 +23,15 @@ def _canonical_number(value):
     return value
 
 
+# Fields added after fingerprints were first stored: hashed only when set, so that a run without them keeps
+# the fingerprint it always had.
+ADDED_FIELDS = frozenset({"workload_def"})
+
+
 def fingerprint_fields(meta: Mapping) -> dict:
-    """The exact dict that ``fingerprint`` hashes (missing fields are None)."""
-    return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS}
+    """The exact dict that ``fingerprint`` hashes (missing fields are None; an unset ADDED_FIELDS one is left out)."""
+    return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS
+            if not (name in ADDED_FIELDS and meta.get(name) is None)}
 
 
 def fingerprint(meta: Mapping) -> str:

@@ -22,9 +22,11 @@ from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure import workload_metrics
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
+from k2bench.harness.run import level_work
 from k2bench.harness.servers import launch
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
@@ -234,17 +236,15 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
             for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
-                n, warm = cfg.prompts_for(conc), cfg.warmup_for(conc)
-                # one distinct prompt per request, warmup included: a server with prefix caching
-                # must not get measured requests it has already seen
-                prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
-                                                   vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                work = level_work.plan(w, cfg.prompts_for(conc), cfg.warmup_for(conc), url=srv.url,
+                                       model=request_model, vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                n = work.planned
                 spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
-                                 num_prompts=n, num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
+                                 num_prompts=n, num_warmup=work.warmup, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                on_done = events.level_start(conc, trial, work.total) if events.level_start else None
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
                 try:
-                    records = run_async(run_level(spec, prompts, on_done, watch, on_window=(tel.begin, tel.end)))
+                    records = work.run(spec, on_done, watch, on_window=(tel.begin, tel.end))
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
@@ -263,6 +263,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
                     point.update(tel.fields(point))
+                    workload_metrics.prefer_server(point)
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
                                                                           stopped=watch.stopped)
                     if result.run_id is None:
@@ -346,6 +347,7 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
         "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
+        "workload_def": w.definition(),
         "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
                   "request_model": request_model, "prompt_mode": w.mode,

@@ -356,7 +356,8 @@ def _row_record(r: Request) -> RequestRecord:
         index=r.idx, concurrency=r.concurrency, warmup=r.warmup, requested_input_tokens=r.requested_input_tokens,
         requested_output_tokens=r.requested_output_tokens, send_ns=r.send_ns,
         token_ns=decode_stamps(r.send_ns, r.token_deltas), end_ns=r.end_ns, prompt_tokens=r.prompt_tokens,
-        output_tokens=r.output_tokens, success=r.success, error=r.error,
+        output_tokens=r.output_tokens, success=r.success, error=r.error, cached_tokens=r.cached_tokens,
+        session=r.session, turn=r.turn,
     )
 
 
