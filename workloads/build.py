@@ -3,8 +3,8 @@
 Token mode keeps today's exact-length rule: a text is tokenized by the server under test (its
 ``/tokenize``, so the model's own tokenizer), then cut to the length asked for, or extended with the
 tokens of the dataset's next texts when it is too short. Text mode sends the text as the user message of
-``/v1/chat/completions``; with fixed or uniform lengths the text is first cut to that many tokens (the
-chat template then adds the server's own tokens around it). ``lengths = "dataset"`` keeps each text's own
+``/v1/chat/completions``; with fixed or uniform lengths the text is cut (or extended) at the word
+boundary where it holds that many tokens (the chat template then adds the server's own tokens around it). ``lengths = "dataset"`` keeps each text's own
 length and takes the output length from the dataset (a JSONL ``output_field``, or the token count of the
 recorded ShareGPT answer), else ``osl``.
 """
@@ -36,7 +36,7 @@ class Session:
 
 
 class _Tokenizer:
-    """The server's /tokenize and /detokenize over one session (setup before a level, not timed)."""
+    """The server's /tokenize over one session (setup before a level, not timed)."""
 
     def __init__(self, base_url: str | None, model: str | None, why: str) -> None:
         if not base_url:
@@ -53,9 +53,6 @@ class _Tokenizer:
     async def encode(self, text: str) -> list[int]:
         return await _post(self.session, self.root + "/tokenize",
                            {"model": self.model, "prompt": text, "add_special_tokens": False}, "tokens")
-
-    async def decode(self, ids: list[int]) -> str:
-        return await _post(self.session, self.root + "/detokenize", {"model": self.model, "tokens": ids}, "prompt")
 
 
 def _samples(w: Workload) -> list[datasets.Sample]:
@@ -87,6 +84,25 @@ async def _fit(tok: _Tokenizer, ids: list[int], want: int, more: list[str]) -> l
     return ids[:want]
 
 
+async def _cut_text(tok: _Tokenizer, text: str, want: int, more: list[str]) -> tuple[str, int]:
+    """The dataset's own words, as many as fit in ``want`` tokens (extended with the next texts when too
+    short), and their token count: exactly ``want`` unless a word boundary does not fall there."""
+    words = text.split()
+    k = 0
+    while len(await tok.encode(" ".join(words))) < want and k < len(more):
+        words += more[k].split()
+        k += 1
+    lo, hi = 1, len(words)  # the most words whose tokens fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(await tok.encode(" ".join(words[:mid]))) <= want:
+            lo = mid
+        else:
+            hi = mid - 1
+    cut = " ".join(words[:lo])
+    return cut, len(await tok.encode(cut))
+
+
 async def _dataset_prompts(w: Workload, n: int, tok: _Tokenizer, rng: np.random.Generator) -> list[Prompt]:
     ins, outs = lengths(w, n, rng)
     if w.source == "text":
@@ -113,7 +129,10 @@ async def _dataset_prompts(w: Workload, n: int, tok: _Tokenizer, rng: np.random.
             later = [samples[(idx + k) % len(samples)].text for k in range(1, min(len(samples), 64))]
             ids = await _fit(tok, ids, want, later)
         if w.mode == "text":
-            text = s.text if w.lengths == "dataset" else await tok.decode(ids)
+            text = s.text
+            if w.lengths != "dataset":
+                text, want = await _cut_text(tok, s.text, want, [samples[(idx + k) % len(samples)].text
+                                                                  for k in range(1, min(len(samples), 64))])
             out.append(Prompt(input_len=want, output_len=olen, text=text, chat=True))
         else:
             out.append(Prompt(input_len=want, output_len=olen, token_ids=np.asarray(ids, dtype=np.int32)))
@@ -173,16 +192,16 @@ def sessions(w: Workload, count: int, *, base_url: str | None = None, model: str
                 ins, outs = lengths(w, w.turns, rng)
                 user, ilens, olens = [], [], []
                 for k in range(w.turns):
-                    ids = await tok.encode(c.user[k])
                     if w.lengths == "dataset":
                         user.append(c.user[k])
-                        ilens.append(len(ids))
+                        ilens.append(len(await tok.encode(c.user[k])))
                         answer = c.answers[k] if k < len(c.answers) else None
                         olens.append(len(await tok.encode(answer)) if answer else w.osl)
                     else:
-                        ids = await _fit(tok, ids, int(ins[k]), [u for cc in convs for u in cc.user][:64])
-                        user.append(await tok.decode(ids))
-                        ilens.append(int(ins[k]))
+                        text, got = await _cut_text(tok, c.user[k], int(ins[k]), [u for cc in convs
+                                                                                  for u in cc.user][:64])
+                        user.append(text)
+                        ilens.append(got)
                         olens.append(int(outs[k]))
                 out.append(Session(tuple(user), tuple(olens), tuple(ilens)))
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from k2bench.errors import UserError
@@ -52,6 +53,7 @@ def _bad(path: str | Path, line: int, why: str) -> UserError:
     return UserError(f"{path}, line {line}: {why}")
 
 
+@lru_cache(maxsize=4)  # read once per sweep, not once per level
 def read_jsonl(path: str | Path, prompt_field: str = "prompt", output_field: str | None = None) -> list[Sample]:
     """Every non-blank line of a JSONL file as a Sample; the first malformed line is an error."""
     out = []
@@ -109,6 +111,7 @@ def _objects(path: str | Path, text: str) -> list[tuple[int, object]]:
         out.append((line, value))
 
 
+@lru_cache(maxsize=4)  # read once per sweep, not once per level
 def read_sharegpt(path: str | Path) -> list[Conversation]:
     """The conversations of a ShareGPT-format file (those with at least one user turn)."""
     out = []
@@ -141,9 +144,25 @@ def first_turns(conversations: list[Conversation]) -> list[Sample]:
     return [Sample(text=c.user[0], answer=c.answers[0] if c.answers else None, line=c.line) for c in conversations]
 
 
-def read_corpus(path: str | Path) -> list[str]:
+@lru_cache(maxsize=4)  # read once per sweep, not once per level
+def read_corpus(path: str | Path) -> tuple[str, ...]:
     """A text corpus as its words (prompts are runs of words from random places)."""
-    words = _read(path).split()
+    words = tuple(_read(path).split())
     if not words:
         raise UserError(f"{path}: the corpus is empty")
     return words
+
+
+def check(source: str, path: str, prompt_field: str = "prompt", output_field: str | None = None) -> None:
+    """Read a workload's file once before anything runs, so a malformed one is refused (with its line)
+    before a server starts and before anything is stored."""
+    if source == "jsonl":
+        read_jsonl(path, prompt_field, output_field)
+    elif source == "sharegpt":
+        read_sharegpt(path)
+    elif source == "text":
+        read_corpus(path)
+    elif source == "trace":
+        from k2bench.workloads.trace import read_trace
+
+        read_trace(path)

@@ -18,8 +18,9 @@ import numpy as np
 
 from k2bench.harness.load.records import RequestRecord
 
-COUNTER_PAIRS = (("k2bench_prefix_cache_hits_total", "k2bench_prefix_cache_queries_total"),
-                 ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
+# (source recorded, hits counter, queries counter)
+COUNTER_PAIRS = (("k2bench_prefix_cache", "k2bench_prefix_cache_hits_total", "k2bench_prefix_cache_queries_total"),
+                 ("vllm:prefix_cache", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
 HIT_RATE_GAUGES = ("sglang:cache_hit_rate",)
 USAGE_SOURCE = "usage.cached_tokens"
 
@@ -34,10 +35,10 @@ def hit_rate_from_server(server_metrics: dict | None) -> tuple[float | None, str
     if not server_metrics:
         return None, None
     counters = server_metrics.get("counters") or {}
-    for hits_name, queries_name in COUNTER_PAIRS:
+    for source, hits_name, queries_name in COUNTER_PAIRS:
         hits, queries = _summed(counters, hits_name), _summed(counters, queries_name)
         if hits is not None and queries:
-            return min(max(hits / queries, 0.0), 1.0), f"{hits_name} / {queries_name}"
+            return min(max(hits / queries, 0.0), 1.0), source
     gauges = server_metrics.get("gauges") or {}
     for name in HIT_RATE_GAUGES:
         g = next((v for k, v in gauges.items() if k == name or k.startswith(name + "{")), None)

@@ -214,6 +214,11 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
+    if cfg.workload.path:  # a malformed dataset or trace is refused before a server starts
+        from k2bench.workloads.datasets import check
+
+        w = cfg.workload
+        check(w.source, w.path, w.prompt_field, w.output_field)
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
