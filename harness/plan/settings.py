@@ -21,6 +21,7 @@ from typing import Any
 from k2bench.errors import UserError
 from k2bench.harness.plan.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
+from k2bench.workloads.loader import SHIPPED_TRACE as _SHIPPED_TRACE
 
 Config = Any  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
@@ -169,6 +170,11 @@ SETTINGS: tuple[Setting, ...] = (
       check=positive, metavar="S", attr="ready_timeout_s", example=600),
     S("workload", str, "load", f"workload name (8k1k, 1k1k, 1k8k, ...) or a .toml path (default: from "
       f"--isl/--osl, else {DEFAULT_WORKLOAD})", example="1k1k"),
+    S("trace", str, "load", "replay a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, "
+      "hash_ids): its requests at its send times, identical token blocks for equal hash ids; instead of "
+      "--workload/--isl/--osl", metavar="FILE", example=str(_SHIPPED_TRACE)),
+    S("trace_time_scale", float, "load", "multiply the trace's gaps between requests by this (0.5: twice as "
+      "fast)", default=1.0, check=positive, metavar="X", example=0.5),
     S("isl", int, "load", "input tokens per request (overrides the workload)", check=at_least(1), example=64),
     S("osl", int, "load", "output tokens per request (overrides the workload)", check=at_least(1), example=8),
     S("conc", "conc", "load", "levels: 4..128 (powers of two, inclusive), 4,8,32, or 64", default="4..128",
@@ -227,7 +233,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 FILE_KEYS: dict[str, Setting] = {s.name: s for s in SETTINGS if s.key}  # the job keys of suite files
-WORKLOAD_KEYS = ("workload", "isl", "osl")  # together they give the config's one Workload
+WORKLOAD_KEYS = ("workload", "isl", "osl", "trace")  # together they give the config's one Workload
 
 
 def default(name: str) -> Any:

@@ -10,6 +10,7 @@ and the run is marked partial; a run with no finished level is marked failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
@@ -72,6 +73,7 @@ class SweepConfig:
     eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
+    trace_time_scale: float = settings.default("trace_time_scale")  # --trace only: scales the trace's gaps
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -214,6 +216,10 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
+    if cfg.trace_time_scale != 1.0:
+        if cfg.workload.source != "trace":
+            raise UserError("--trace-time-scale applies to --trace only")
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, time_scale=cfg.trace_time_scale))
     if cfg.workload.path:  # a malformed dataset or trace is refused before a server starts
         from k2bench.workloads.datasets import check
 
@@ -310,7 +316,6 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     """What a level costs on this server, for the up-front estimate of a large sweep (None for a sweep
     quick anywhere, or when the probe fails: the first level will then say why). One lone request
     (it also takes the server's cold start), then a small batch sent together: see k2bench.harness.plan.estimate."""
-    import dataclasses
 
     from k2bench.harness.measure.metrics import request_metrics
 
