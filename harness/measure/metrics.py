@@ -165,5 +165,6 @@ def summarize_level(
     summaries = {name: stats(values) for name, values in lat.items()}
     point["interactivity"] = _interactivity(summaries["tpot_ms"])
     point.update(summaries)
-    point.update(workload_metrics.level_fields(recs))
+    # only what applies: a level of random prompts against a server without a cache has none of them
+    point.update({k: v for k, v in workload_metrics.level_fields(recs).items() if v is not None})
     return point
