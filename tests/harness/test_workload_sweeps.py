@@ -135,3 +135,24 @@ def test_malformed_dataset_is_refused_with_its_line_and_nothing_stored(tmp_path,
     if db.exists():
         with Store.open(f"sqlite:///{db}", readonly=True) as store:
             assert store.list_runs() == []
+
+
+def test_workload_fields_survive_export_and_import(tmp_path) -> None:
+    """workload_def, hit rate, turns and each request's session, turn and cached tokens go through the
+    k2bench.run JSON and back unchanged (the fingerprint with them)."""
+    w = Workload(name="conv", isl=12, osl=3, source="sharegpt", path=str(DATA / "conversations.json"), mode="text",
+                 turns=2)
+    with serving(tmp_path, "--ttft-ms", "2", "--itl-ms", "1", *CACHE) as url:
+        result, db = _sweep(tmp_path, url, w, num_prompts=4, warmup=0, levels=[2])
+    with Store.open(db, readonly=True) as store:
+        doc = store.export_run(result.run_id, include_requests=True)
+    doc = json.loads(json.dumps(doc))
+    with Store.open(f"sqlite:///{tmp_path}/other.db") as other:
+        again = other.export_run(other.import_run(doc), include_requests=True)
+    assert again["run"]["workload_def"] == doc["run"]["workload_def"] and doc["run"]["workload_def"]["turns"] == 2
+    assert again["run"]["fingerprint"] == doc["run"]["fingerprint"]
+    for key in ("prefix_hit_rate", "prefix_hit_source", "turns"):
+        assert again["points"][0][key] == doc["points"][0][key] is not None, key
+    got = [(r["session"], r["turn"], r["cached_tokens"]) for r in again["requests"]]
+    assert got == [(r["session"], r["turn"], r["cached_tokens"]) for r in doc["requests"]]
+    assert {t for _, t, _ in got} == {1, 2} and all(c is not None for _, _, c in got)
