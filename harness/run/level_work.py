@@ -9,12 +9,12 @@ so the measured requests find their group's prefix cached and the level's hit ra
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, run_level
-from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.loader import Workload
@@ -34,15 +34,16 @@ class LevelWork:
     def total(self) -> int:
         return self.planned + self.warmup
 
-    def run(self, spec: LevelSpec, on_done: Callable[[RequestRecord], None] | None, watch: LevelWatch,
-            on_window: tuple[Callable[[], None], Callable[[], None]]) -> list[RequestRecord]:
+    def level(self, spec: LevelSpec, on_done: Callable[[RequestRecord], None] | None, watch: LevelWatch,
+              on_window: tuple[Callable[[], None], Callable[[], None]]) -> Coroutine[Any, Any, list[RequestRecord]]:
+        """The level to run (with `loadgen.run`): the closed loop over prompts, or over sessions."""
         if self.sessions is not None:
             from k2bench.harness.load.sessions import run_sessions
 
             warm_sessions = self.warmup // self.workload.turns
-            return run_async(run_sessions(spec, self.sessions, warm_sessions, self.workload.think_time_s, on_done,
-                                          watch, on_window))
-        return run_async(run_level(spec, self.prompts or [], on_done, watch, on_window=on_window))
+            return run_sessions(spec, self.sessions, warm_sessions, self.workload.think_time_s, on_done, watch,
+                                on_window)
+        return run_level(spec, self.prompts or [], on_done, watch, on_window=on_window)
 
 
 def plan(w: Workload, n: int, warm: int, *, url: str, model: str, vocab, seed: int) -> LevelWork:

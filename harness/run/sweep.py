@@ -255,7 +255,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                 on_done = events.level_start(conc, trial, work.total) if events.level_start else None
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
                 try:
-                    records = work.run(spec, on_done, watch, on_window=(tel.begin, tel.end))
+                    records = run_async(work.level(spec, on_done, watch, on_window=(tel.begin, tel.end)))
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
