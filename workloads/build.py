@@ -21,7 +21,15 @@ from k2bench.errors import UserError
 from k2bench.net import normalize_base_url
 from k2bench.workloads import datasets, trace
 from k2bench.workloads.loader import Workload
-from k2bench.workloads.prompts import Prompt, Vocabulary, _post, _text_prompts, default_vocabulary, lengths
+from k2bench.workloads.prompts import (
+    Prompt,
+    Vocabulary,
+    _post,
+    _text_prompts,
+    build_prompts,
+    default_vocabulary,
+    lengths,
+)
 
 CORPUS_WORDS_PER_TOKEN = 2  # words taken from a corpus per token wanted (then cut to the exact length)
 
@@ -147,6 +155,14 @@ def trace_prompts(w: Workload, vocab: Vocabulary | None = None) -> list[Prompt]:
     at = trace.send_offsets_s(rows, w.time_scale)
     return [Prompt(input_len=r.input_length, output_len=r.output_length, token_ids=p, send_at_s=t)
             for r, p, t in zip(rows, ids, at, strict=True)]
+
+
+def level_prompts(w: Workload, n: int, *, base_url: str | None = None, model: str | None = None,
+                  vocab: Vocabulary | None = None, seed: int | None = None) -> list[Prompt]:
+    """``n`` prompts of any single-turn workload: random ids (`prompts.build_prompts`), a dataset, or a trace."""
+    if w.source == "random":
+        return build_prompts(w, n, base_url=base_url, model=model, vocab=vocab, seed=seed)
+    return dataset_prompts(w, n, base_url=base_url, model=model, vocab=vocab, seed=seed)
 
 
 def dataset_prompts(w: Workload, n: int, *, base_url: str | None = None, model: str | None = None,

@@ -161,12 +161,10 @@ async def _text_prompts(base_url: str, model: str, token_sets: list[Prompt]) -> 
 
 def build_prompts(w: Workload, n: int, *, base_url: str | None = None, model: str | None = None,
                   vocab: Vocabulary | None = None, seed: int | None = None) -> list[Prompt]:
-    """The prompts of one level: token ids, or verified text in text mode (needs the server). Dataset
-    and trace workloads are built by `k2bench.workloads.build`."""
+    """The prompts of one level of random ids: token ids, or verified text in text mode (needs the server).
+    `k2bench.workloads.build.level_prompts` builds those of every source."""
     if w.source != "random":
-        from k2bench.workloads.build import dataset_prompts
-
-        return dataset_prompts(w, n, base_url=base_url, model=model, vocab=vocab, seed=seed)
+        raise ValueError(f"workload {w.name!r} has source {w.source!r}: build its prompts with build.level_prompts")
     prompts = token_prompts(w, n, vocab, seed)
     if w.mode == "text":
         if not base_url:

@@ -16,7 +16,7 @@ from typing import Any
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, run_level
 from k2bench.harness.load.records import RequestRecord
-from k2bench.workloads import prompts as prompt_gen
+from k2bench.workloads.build import level_prompts
 from k2bench.workloads.loader import Workload
 
 
@@ -59,5 +59,5 @@ def plan(w: Workload, n: int, warm: int, *, url: str, model: str, vocab, seed: i
         warm = max(warm, w.prefix_groups)
     # one distinct prompt per request, warmup included: a server with prefix caching must not get measured
     # requests it has already seen (a prefix workload shares only its groups' prefixes)
-    got = prompt_gen.build_prompts(w, n + warm, base_url=url, model=model, vocab=vocab, seed=seed)
+    got = level_prompts(w, n + warm, base_url=url, model=model, vocab=vocab, seed=seed)
     return LevelWork(w, planned=n, warmup=warm, prompts=got)

@@ -31,6 +31,7 @@ from k2bench.harness.run import level_work
 from k2bench.harness.servers import launch
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
+from k2bench.workloads.build import level_prompts
 from k2bench.workloads.loader import Workload
 
 
@@ -325,8 +326,8 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     batch = min(estimate.PROBE_BATCH, min(cfg.levels))
     # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompts are not ones a level sends
     prompts = [dataclasses.replace(p, output_len=min(p.output_len, estimate.PROBE_OUTPUT_TOKENS))
-               for p in prompt_gen.build_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
-                                                 seed=w.seed * 1_000_003 + 1)]
+               for p in level_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
+                                      seed=w.seed * 1_000_003 + 1)]
 
     def send(conc: int, sent: list) -> list[dict]:
         spec = LevelSpec(base_url=url, model=model, concurrency=conc, num_prompts=len(sent), num_warmup=0,

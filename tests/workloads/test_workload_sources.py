@@ -157,7 +157,8 @@ def test_malformed_trace_is_refused_with_its_line(tmp_path, line: str, words: st
 def test_trace_excludes_workload_and_lengths() -> None:
     with pytest.raises(UserError, match="leave out --workload"):
         loader.resolve(None, 64, None, trace=str(TRACE))
-    assert loader.resolve(None, None, None, trace=str(TRACE), time_scale=0.1).time_scale == 0.1
+    w = loader.resolve(None, None, None, trace=str(TRACE))
+    assert (w.source, w.path, w.name) == ("trace", str(TRACE), "trace:trace_1k")
 
 
 # ---------------------------------------------------------------- through the server's tokenizer
