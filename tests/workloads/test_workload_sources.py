@@ -185,3 +185,20 @@ def test_dataset_prompts_in_token_mode_have_exact_lengths_and_text_mode_is_chat(
         assert [len(p.token_ids) for p in build.dataset_prompts(cw, 3, base_url=url)] == [30] * 3
     with pytest.raises(UserError, match="needs the server's tokenizer"):
         build.dataset_prompts(w, 2)
+
+
+def test_built_trace_prompts_give_the_implied_hit_rate_in_a_cache_of_trace_blocks() -> None:
+    """The shipped trace's prompts, in order, through the test server's prefix-cache model: with 512-token
+    blocks it finds what the hash ids imply (to 1e-4; it caps a fully cached prompt at length - 1); with
+    16-token blocks it also hits inside partial last blocks, so a little more."""
+    from k2bench.harness.load.testserver import PrefixCache
+
+    w = loader.for_trace(str(TRACE))
+    ids = [np.asarray(p.token_ids).tolist() for p in build.trace_prompts(w)]
+    implied = trace.implied_hit_rate(trace.read_trace(TRACE), 512)
+    assert 0.6 < implied < 0.7
+    for block, low, high in ((512, implied - 1e-4, implied + 1e-4), (16, implied, implied + 0.06)):
+        cache = PrefixCache(10**7, block)
+        for x in ids:
+            cache.lookup_and_insert(x)
+        assert low <= cache.hits / cache.queries <= high, block
