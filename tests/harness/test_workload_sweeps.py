@@ -122,6 +122,20 @@ def test_jsonl_token_mode_exact_lengths_and_sharegpt_text_mode_through_chat(tmp_
     assert r2.points[0]["input_tokens"] == 4 * 16
 
 
+def test_sharegpt_token_mode_and_jsonl_text_mode(tmp_path) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"q": f"what is item {i} " * 6}) + "\n" for i in range(4)))
+    tok = Workload(name="s", isl=20, osl=2, source="sharegpt", path=str(DATA / "conversations.json"))
+    chat = Workload(name="j", isl=10, osl=2, source="jsonl", path=str(f), prompt_field="q", mode="text")
+    with serving(tmp_path, "--ttft-ms", "2", "--itl-ms", "1", "--keep-prompts") as url:
+        r1, _ = _sweep(tmp_path, url, tok, num_prompts=3, warmup=0, levels=[1])
+        r2, _ = _sweep(tmp_path, url, chat, num_prompts=3, warmup=0, levels=[1])
+        received = _get(url + "/received")
+    assert [len(r["prompt"]) for r in received[:3]] == [20] * 3 and r1.points[0]["input_tokens"] == 60
+    assert [r["messages"][0]["content"].split()[:2] for r in received[3:]] == [["what", "is"]] * 3
+    assert r2.points[0]["input_tokens"] == 30
+
+
 def test_malformed_dataset_is_refused_with_its_line_and_nothing_stored(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"prompt": "fine too"}\n{"prompt": oops}\n')
