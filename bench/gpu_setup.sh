@@ -6,12 +6,12 @@ T0=$(date +%s)
 mkdir -p "$OUT"
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q -e . --no-deps --no-build-isolation >/tmp/k2bench-install.log 2>&1 \
   || { log "install failed"; tail /tmp/k2bench-install.log; exit 1; }
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee -a "$OUT/run.log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/run.log"
-# The GPU tests of the engine (files named so that pytest never collects modules that need the
+# The GPU tests of the engine, run with `pytest -m gpu $GPU_TESTS` (files named so that pytest never collects modules that need the
 # dev-only extras the image lacks).
 GPU_TESTS="tests/engine/model/test_model_gpu.py tests/engine/kernels/test_triton_quant.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_triton_moe.py tests/engine/kernels/test_triton_moe_fast.py tests/engine/kernels/test_dense_mlp.py tests/engine/kernels/test_triton_routing.py tests/engine/kernels/test_triton_attention.py tests/engine/kernels/test_triton_gpu_shapes.py tests/engine/kernels/test_triton_norm.py tests/engine/kernels/test_triton_moe_glue.py tests/engine/model/test_kernel_count.py tests/engine/runtime/test_cuda_graphs_gpu.py"

@@ -124,10 +124,11 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
                          cuda_graphs=rt.cuda_graphs)
     eos = getattr(cfg, "eos_token_ids", None) or cfg.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-    sched = Scheduler(rt, BlockManager(num_blocks, rt.block_size), eos_token_ids=eos_ids)
-    log.info("engine ready: %s, tp %d, %d KV blocks of %d (%s), max_model_len %d, %s, pid %d", device, opts.tp,
-             num_blocks, rt.block_size, kv_dtype, max_model_len,
-             "decode CUDA graphs" if runner.graphs is not None else "eager", os.getpid())
+    sched = Scheduler(rt, BlockManager(num_blocks, rt.block_size, enable_caching=rt.enable_prefix_caching), eos_token_ids=eos_ids)
+    log.info("engine ready: %s, tp %d, %d KV blocks of %d (%s), max_model_len %d, %s, prefix caching %s, pid %d",
+             device, opts.tp, num_blocks, rt.block_size, kv_dtype, max_model_len,
+             "decode CUDA graphs" if runner.graphs is not None else "eager",
+             "on" if rt.enable_prefix_caching else "off", os.getpid())
     engine = LLMEngine(runner, sched, comm=workers)
     engine.model_config = cfg
     return engine

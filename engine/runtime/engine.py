@@ -29,7 +29,8 @@ class RanksOutOfStep(RuntimeError):
 
 @dataclass
 class EngineStats:
-    prompt_tokens: int = 0  # prompt tokens of requests that were admitted at least once
+    prompt_tokens: int = 0  # prompt tokens of requests that were admitted at least once (prefix-cache queries)
+    prefix_cache_hits: int = 0  # of those, tokens found in the prefix cache at first admission
     computed_tokens: int = 0  # tokens the model ran (prefill, recompute and decode)
     generation_tokens: int = 0
     steps: int = 0
@@ -109,9 +110,10 @@ class LLMEngine:
         self.idle_step = sched.empty
         if sched.empty:
             return []
-        for s in sched.seqs:
-            if s.start == 0 and s.seq.num_preemptions == 0:
-                self.stats.prompt_tokens += s.seq.num_prompt_tokens
+        st = self.stats
+        for seq in sched.admitted:
+            st.prompt_tokens += seq.num_prompt_tokens
+            st.prefix_cache_hits += seq.num_cached_tokens or 0
         try:
             inp = self.runner.prepare(sched)
         except Exception as exc:
@@ -139,7 +141,6 @@ class LLMEngine:
         dt = time.monotonic() - t0
         if sched.num_prefill_tokens:
             self.scheduler.last_prefill_latency = dt
-        st = self.stats
         st.steps += 1
         st.step_seconds += dt
         st.computed_tokens += sched.num_tokens

@@ -24,6 +24,9 @@ class RuntimeConfig:
     kv_cache_memory: float | None = None  # GiB for all layers of this rank's cache
     kv_cache_dtype: str = "auto"  # auto: bf16 for bf16 models, else the model dtype; fp8 = float8_e4m3fn storage
     scheduler_delay_factor: float = 0.0
+    # Off: the design card's workload (random prompts) gains nothing from it, and the recipes run vLLM and
+    # SGLang with theirs off, so a repeated prompt is never free unless a run asks (docs/engine.md).
+    enable_prefix_caching: bool = False
     kv_watermark: float = 0.01  # fraction of blocks kept free when admitting new (not preempted) requests
     cuda_graphs: bool = True  # replay captured decode steps on CUDA with the triton backend (--enforce-eager: off)
     all_reduce: str = "auto"  # TP sum: one-shot over symmetric memory up to one_shot_max_bytes where it works, else NCCL

@@ -7,13 +7,15 @@ their whole prompt fits in free KV blocks, the batch has room (max_num_seqs), an
 factor allows it. When a running sequence needs a new block and none is free, the most recently
 admitted running sequence is preempted: its blocks are freed and it goes back to the front of
 the waiting queue, to be recomputed (prompt and generated tokens) when it is admitted again.
+With prefix caching, admission starts a sequence after the longest cached chain of full blocks of
+its tokens (block_manager.py), and blocks a step completed are made findable after that step.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from k2bench.engine.runtime.block_manager import BlockManager, blocks_for
 from k2bench.engine.runtime.runtime_config import RuntimeConfig
@@ -42,6 +44,7 @@ class SchedulerOutput:
     num_tokens: int
     num_prefill_tokens: int
     preempted: list[Sequence]
+    admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time (prompt counted once)
 
     @property
     def empty(self) -> bool:
@@ -95,6 +98,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         out: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
+        admitted: list[Sequence] = []
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -118,12 +122,16 @@ class Scheduler:
             while self.waiting and budget > 0 and len(running) < self.config.max_num_seqs:
                 seq = self.waiting[0]
                 reserve = 0 if (seq.num_preemptions or not running) else self._watermark
-                # Blocks for the whole known sequence now, so that prefill chunks never preempt.
-                if not self.blocks.can_fit(seq, seq.num_tokens, reserve):
+                # Blocks for the whole known sequence now, so that prefill chunks never preempt; a cached
+                # prefix is reused and only the rest is computed.
+                cached = self.blocks.allocate(seq, reserve)
+                if cached is None:
                     break
                 self.waiting.popleft()
-                self.blocks.grow(seq, seq.num_tokens)
                 seq.status = SeqStatus.RUNNING
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = cached
+                    admitted.append(seq)
                 if seq.first_scheduled_time is None:
                     seq.first_scheduled_time = now
                 running.append(seq)
@@ -133,7 +141,7 @@ class Scheduler:
 
         num_tokens = self.config.max_num_batched_tokens - budget
         prefill = sum(s.num_new for s in out if s.is_prefill)
-        return SchedulerOutput(out, num_tokens, prefill, preempted)
+        return SchedulerOutput(out, num_tokens, prefill, preempted, admitted)
 
     def _admission_allowed(self, now: float) -> bool:
         factor = self.config.scheduler_delay_factor
@@ -162,6 +170,7 @@ class Scheduler:
         for s in out.seqs:
             seq = s.seq
             seq.num_computed = s.start + s.num_new
+            self.blocks.commit(seq)
             if not s.samples:
                 continue
             tok = sampled[k]

@@ -67,6 +67,9 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of full token blocks (block_manager)
+    num_committed_blocks: int = 0  # leading blocks of block_table already findable in the prefix cache
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

@@ -295,7 +295,8 @@ class OpenAIServer:
                     pieces.append(text)
             timer.finished()
             usage = {"prompt_tokens": len(ids), "completion_tokens": seq.num_output_tokens,
-                     "total_tokens": len(ids) + seq.num_output_tokens}
+                     "total_tokens": len(ids) + seq.num_output_tokens,
+                     "prompt_tokens_details": {"cached_tokens": seq.num_cached_tokens or 0}}
             if stream is not None:
                 await stream.close(usage)
                 return stream.resp

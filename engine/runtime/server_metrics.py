@@ -44,6 +44,9 @@ class _EngineCollector(Collector):
             ("computed_tokens", "tokens run through the model (prefill, recompute, decode)", st.computed_tokens),
             ("request_success", "requests finished (stop or length)", st.requests_finished),
             ("request_aborted", "requests aborted (client gone)", st.requests_aborted),
+            ("prefix_cache_queries", "prompt tokens looked up in the prefix cache (every admitted prompt; "
+             "caching off: none found)", st.prompt_tokens),
+            ("prefix_cache_hits", "prompt tokens found in the prefix cache", st.prefix_cache_hits),
             ("num_preemptions", "sequences preempted for lack of KV blocks", sch.num_preemptions),
             ("engine_steps", "engine steps", st.steps),
             ("engine_step_seconds", "time spent in engine steps", st.step_seconds),

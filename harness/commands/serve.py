@@ -75,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--scheduler-delay-factor", type=float, default=None,
                    help="admit new prefills only after the oldest waited factor x the last prefill step "
                         f"(default {rt.scheduler_delay_factor:g}: no delay)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of a prompt prefix an earlier request computed (automatic prefix "
+                        f"caching; default {'on' if rt.enable_prefix_caching else 'off'}, as the recipes run "
+                        "vLLM and SGLang, so a repeated prompt is not free unless asked for)")
     h = p.add_argument_group("limits")
     h.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a client has to send a whole request (head and body), counted from the "

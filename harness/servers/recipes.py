@@ -53,6 +53,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="bundled",
             description="k2bench's own MXFP4 engine (k2bench serve), run as a server process",
+            # no prefix-caching flag: the engine's default (off) matches the vLLM and SGLang recipes, and a run
+            # turns it on with --server-args=--enable-prefix-caching (recorded, so in the fingerprint)
             argv=("{python}", "-m", "k2bench.harness.cli", "serve", "--model", "{model}", "--tp", "{tp}",
                   "--host", "{host}", "--port", "{port}"),
             version_argv=("{python}", "-m", "k2bench.harness.cli", "--version"),

@@ -2,7 +2,8 @@
 
 The GPU test runs the whole runtime (scheduler, chunked prefill, batching that grows and shrinks
 through several graph buckets) twice on the tiny MXFP4 model in float32 with the triton backend,
-once eager and once with graphs, and needs identical greedy tokens and graph replays actually used.
+once eager and once with graphs, and needs identical greedy tokens and graph replays actually used;
+a second runs prompts sharing prefixes with prefix caching on and off under graphs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,24 @@ def test_graph_replay_matches_eager(tmp_path):
     assert none is None and graphs is not None
     assert graphs.replays > 10
     assert replayed == eager
+
+
+@pytest.mark.gpu
+def test_prefix_caching_under_graph_replay_gives_the_uncached_tokens(tmp_path):
+    """Decode graphs read block tables as data, so rows sharing cached blocks replay like any other; the
+    prefill after a cached prefix runs eagerly. Caching on and off must give the same greedy tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from test_prefix_cache_model import run
+
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
+
+    d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=5)
+    off, _, _ = run(d, caching=False, tp=1, device="cuda", backend="triton", graphs=True)
+    on, cached, graphs = run(d, caching=True, tp=1, device="cuda", backend="triton", graphs=True)
+    assert graphs is not None and graphs.replays > 10
+    assert sum(cached) > 0
+    assert on == off
 
 
 def test_graphs_stay_off_on_cpu_and_enforce_eager_switches_them_off(tmp_path):
