@@ -79,7 +79,7 @@ def frontier_figure(levels: pd.DataFrame, view: View, by: str = "config",
         hover = _hover(grp)
         fig.add_trace(go.Scatter(
             x=grp[view.x], y=grp[view.y], mode="markers+text", name=str(name), legendgroup=str(name),
-            text=[f"c{int(c)}" for c in grp["concurrency"]], textposition="top center",
+            text=_level_text(grp), textposition="top center",
             marker={"color": color, "size": 9}, customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
         line = front[front[by] == name]
         fig.add_trace(go.Scatter(
@@ -102,15 +102,24 @@ def _add_invalid(fig: go.Figure, invalid: pd.DataFrame, view: View, by: str) -> 
              for row, text in zip(drawable.to_dict("records"), _hover(drawable), strict=True)]
     fig.add_trace(go.Scatter(
         x=drawable[view.x], y=drawable[view.y], mode="markers+text", name="invalid levels (not counted)",
-        text=[f"c{int(c)}" for c in drawable["concurrency"]], textposition="bottom center",
+        text=_level_text(drawable), textposition="bottom center",
         textfont={"color": INVALID_COLOR}, marker={"color": INVALID_COLOR, "size": 9, "symbol": "x"},
         customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+
+
+def _level_text(grp: pd.DataFrame) -> list[str]:
+    """Point labels: c8 for a closed level, r2/s for a rate level (data.with_levels)."""
+    if "level" in grp.columns:
+        return [str(v) for v in grp["level"]]
+    return [f"c{int(c)}" for c in grp["concurrency"]]
 
 
 def _hover(grp: pd.DataFrame) -> list[str]:
     out = []
     for row in grp.to_dict("records"):
-        bits = [f"concurrency {int(row['concurrency'])}"]
+        level = row.get("level")
+        bits = [f"concurrency {int(row['concurrency'])}" if not level or str(level).startswith("c")
+                else f"rate {str(level)[1:]} (at most {int(row['concurrency'])} in flight)"]
         for col in ("tput_per_gpu", "interactivity_median", "ttft_ms_median", "e2el_ms_median"):
             if col in row and row[col] == row[col]:
                 bits.append(f"{_label(col)}: {row[col]:.4g}")

@@ -85,11 +85,32 @@ def load_points(store, run_ids=None, include_invalid: bool = False) -> pd.DataFr
     if not include_invalid and "valid" in df.columns:
         df = df[df["valid"].fillna(False).astype(bool)]
     if df.empty:
-        return df.assign(config=pd.Series(dtype=str))
+        return df.assign(config=pd.Series(dtype=str), level=pd.Series(dtype=str))
     df = df.copy()
     df["started_at"] = pd.to_datetime(df["started_at"], utc=True)
     df["config"] = config_labels(df)
+    return with_levels(df)
+
+
+OPEN_LOOP = " · open loop"  # what tells a configuration's rate levels from its closed ones on a chart
+
+
+def with_levels(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each row's ``level`` label (c8 closed, r2/s rate: schema.level_label); a rate level's
+    configuration label gains OPEN_LOOP, so frontiers and pooled medians draw the two kinds apart."""
+    if df.empty or "mode" not in df.columns:
+        return df.assign(level=[f"c{int(c)}" for c in df["concurrency"]]) if len(df) else df.assign(level="")
+    mode = df["mode"].fillna("closed")
+    rate = df["rate"].where(df["rate"].notna(), None)
+    df = df.assign(level=[schema.level_label(m, r, int(c)) for m, r, c in zip(mode, rate, df["concurrency"],
+                                                                                strict=True)])
+    if "config" in df.columns:
+        df["config"] = df["config"].where(mode == "closed", df["config"] + OPEN_LOOP)
     return df
+
+
+def _level_keys(df: pd.DataFrame) -> list[str]:
+    return ["level"] if "level" in df.columns else ["concurrency"]
 
 
 def latest_run_ids(runs: pd.DataFrame) -> list[int]:
@@ -144,7 +165,7 @@ def per_run_levels(df: pd.DataFrame) -> pd.DataFrame:
     everywhere else (catalogue.over_trials, the median); run fields taken from the first trial."""
     if df.empty:
         return df
-    keys = ["run_id", "concurrency"]
+    keys = ["run_id", *_level_keys(df)]
     numeric = [c for c in df.columns if c in METRICS or c in schema.LEVEL_NUMBERS]
     agg = over_trials(df, numeric, keys).set_index(keys)
     first_cols = [c for c in df.columns if c not in numeric and c not in keys and c != "trial"]
@@ -171,8 +192,11 @@ def median_over_runs(df: pd.DataFrame, by: str = "config") -> pd.DataFrame:
         return df
     levels = per_run_levels(df)
     numeric = [c for c in levels.columns if c in METRICS]
-    out = levels.groupby([by, "concurrency"], sort=False)[numeric].median()
-    out["runs"] = levels.groupby([by, "concurrency"], sort=False)["run_id"].nunique()
+    keys = [by, *_level_keys(levels)]
+    out = levels.groupby(keys, sort=False)[numeric].median()
+    out["runs"] = levels.groupby(keys, sort=False)["run_id"].nunique()
+    if "level" in keys:  # the concurrency of each level, beside its label
+        out["concurrency"] = levels.groupby(keys, sort=False)["concurrency"].first()
     return out.reset_index()
 
 
@@ -190,9 +214,12 @@ def frontier_points(levels: pd.DataFrame, x: str, y: str, maximize_x: bool, maxi
 
 
 def history_series(df: pd.DataFrame, fingerprint: str, concurrency: int, metric: str,
-                   branch: str | None = None) -> pd.DataFrame:
-    """One row per run of a configuration at one concurrency, in time order."""
-    sel = df[(df["fingerprint"] == fingerprint) & (df["concurrency"] == concurrency)]
+                   branch: str | None = None, level: str | None = None) -> pd.DataFrame:
+    """One row per run of a configuration at one level, in time order: a closed level at ``concurrency``
+    unless ``level`` names one by its label (r2/s)."""
+    level = level or f"c{concurrency}"
+    df = df if "level" in df.columns else with_levels(df)
+    sel = df[(df["fingerprint"] == fingerprint) & (df["level"] == level)]
     if branch:
         sel = sel[sel["branch"] == branch]
     levels = per_run_levels(sel)
@@ -202,11 +229,13 @@ def history_series(df: pd.DataFrame, fingerprint: str, concurrency: int, metric:
     return levels[cols].sort_values(["started_at", "run_id"]).reset_index(drop=True)
 
 
-def mark_change_points(cps: pd.DataFrame, metric: str, concurrency: int) -> pd.DataFrame:
-    """Change points of one metric and level, each labelled a regression or an improvement."""
+def mark_change_points(cps: pd.DataFrame, metric: str, concurrency: int, level: str | None = None) -> pd.DataFrame:
+    """Change points of one metric and level (closed at ``concurrency`` unless ``level`` names another),
+    each labelled a regression or an improvement."""
     if cps is None or cps.empty:
         return pd.DataFrame(columns=["run_id", "commit", "rel_change", "p_value", "kind"])
-    sel = cps[(cps["metric"] == metric) & (cps["concurrency"] == concurrency)].copy()
+    labels = with_levels(cps.drop(columns=["level"], errors="ignore"))["level"]
+    sel = cps[(cps["metric"] == metric) & (labels == (level or f"c{concurrency}"))].copy()
     higher = METRICS[metric].higher_is_better if metric in METRICS else True
     worse = sel["rel_change"] < 0 if higher else sel["rel_change"] > 0
     sel["kind"] = np.where(worse, "regression", "improvement")

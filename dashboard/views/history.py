@@ -34,21 +34,26 @@ def render(url: str, runs: pd.DataFrame) -> None:
     points = cache.points(url, tuple(sorted(int(r) for r in runs.loc[runs["fingerprint"] == fp, "run_id"])))
     c1, c2, c3, c4 = st.columns(4)
     branch = c1.selectbox("Branch", [ALL, *sorted(points["branch"].dropna().unique())], key="history_branch")
-    levels = sorted(int(c) for c in points["concurrency"].unique())
-    conc = c2.selectbox("Concurrency", levels, index=len(levels) - 1, key="history_conc")
+    # closed levels (c8) by concurrency, then rate levels (r2/s) by rate: the two kinds are separate series
+    kinds = points.drop_duplicates("level").sort_values(["mode", "rate", "concurrency"], na_position="first")
+    levels = list(kinds["level"])
+    closed = [lv for lv in levels if lv.startswith("c")]
+    level = c2.selectbox("Level", levels, index=levels.index(closed[-1]) if closed else 0, key="history_conc",
+                         help="cN: N requests in flight (closed loop); rR/s: R requests/s (open loop)")
+    conc = int(kinds.loc[kinds["level"] == level, "concurrency"].iloc[0])
     metric = c3.selectbox("Metric", list(data.METRICS), format_func=lambda m: data.METRICS[m].label,
                           key="history_metric")
     by_commit = c4.radio("X axis", ["time", "commit order"], horizontal=True, key="history_x") == "commit order"
     y_axis = c4.radio("Y axis", charts.Y_AXES, horizontal=True, key="history_y")
     br = None if branch == ALL else branch
-    series = data.history_series(points, fp, conc, metric, br)
+    series = data.history_series(points, fp, conc, metric, br, level=level)
     if series.empty:
-        st.warning("No runs of this configuration at this concurrency.")
+        st.warning("No runs of this configuration at this level.")
         return
     stored = cache.change_points(url, fp, br)
-    marks = data.mark_change_points(stored, metric, conc)
+    marks = data.mark_change_points(stored, metric, conc, level=level)
     marks = marks[marks["run_id"].isin(series["run_id"])] if not marks.empty else marks
-    culprits = data.mark_culprits(cache.culprits(url, br), series, metric, conc)
+    culprits = data.mark_culprits(cache.culprits(url, br) if level.startswith("c") else None, series, metric, conc)
     st.plotly_chart(charts.history_figure(series, metric, marks, by_commit=by_commit, y_axis=y_axis,
                                           culprits=culprits),
                     key="history_chart")
@@ -57,9 +62,9 @@ def render(url: str, runs: pd.DataFrame) -> None:
         lines = [f"commit `{str(r.commit)[:10]}`: {r.rel_change * 100:+.1f}% (p={r.p_value:.2g})"
                  for r in regressions.itertuples()]
         st.error(f"{len(regressions)} regression(s) flagged in {data.METRICS[metric].label} "
-                 f"at concurrency {conc}: " + "; ".join(lines))
+                 f"at {_where(level)}: " + "; ".join(lines))
     elif marks.empty:
-        st.caption(no_change_point_note(stored, len(series), data.METRICS[metric].label, conc))
+        st.caption(no_change_point_note(stored, len(series), data.METRICS[metric].label, conc, level))
     else:
         st.success(f"{len(marks)} change point(s), none of them a regression.")
     st.caption(f"{len(series)} run(s). Hover a point for its commit, branch and date.")
@@ -89,10 +94,16 @@ def render(url: str, runs: pd.DataFrame) -> None:
         st.dataframe(cp, hide_index=True, column_config=table_columns(cp) | means, key="history_cp_table")
 
 
-def no_change_point_note(stored: pd.DataFrame, n_runs: int, metric_label: str, conc: int) -> str:
+def _where(level: str) -> str:
+    """A level in a sentence: "concurrency 8" for c8, "rate 2/s" for r2/s."""
+    return f"concurrency {level[1:]}" if level.startswith("c") else f"rate {level[1:].strip()}"
+
+
+def no_change_point_note(stored: pd.DataFrame, n_runs: int, metric_label: str, conc: int,
+                         level: str | None = None) -> str:
     """What an empty change-point record means here. The store keeps only what a scan found, so a
     scan that found nothing leaves no trace: the note never claims a scan is missing."""
-    here = f"No change point recorded for {metric_label} at concurrency {conc}"
+    here = f"No change point recorded for {metric_label} at {_where(level or f'c{conc}')}"
     if not stored.empty:  # this configuration has been scanned: the other metrics and levels show it
         return f"{here}; the scan found changes only elsewhere in this configuration."
     if n_runs < MIN_RUNS_FOR_SCAN:

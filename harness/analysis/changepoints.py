@@ -165,10 +165,10 @@ def default_metrics() -> tuple[str, ...]:
 
 def history_change_points(points, metrics: tuple[str, ...] | None = None, window: int = DEFAULT_WINDOW,
                           pvalue: float = DEFAULT_PVALUE, min_size: int = DEFAULT_MIN_SIZE) -> list[dict]:
-    """Change points of every metric and concurrency in a points_frame-shaped history.
+    """Change points of every metric and level (kind and concurrency) in a points_frame-shaped history.
 
     One value per run (its trials reduced by catalogue.over_trials, the median), runs ordered by start time. Rows match
-    ``Store.replace_change_points``: metric, concurrency, run_id, commit, detected_at, mean_before,
+    ``Store.replace_change_points``: metric, mode, rate, concurrency, run_id, commit, detected_at, mean_before,
     mean_after, rel_change, p_value.
     """
     from datetime import datetime, timezone
@@ -183,17 +183,21 @@ def history_change_points(points, metrics: tuple[str, ...] | None = None, window
         points = points[points["valid"].fillna(False).astype(bool)]
     if len(points) == 0 or not cols:
         return []
-    keys = ["run_id", "concurrency"]
+    points = points.copy()  # a level's kind: (mode, rate); a rate of -1 stands for "none" (closed) while grouping
+    points["mode"] = points["mode"].fillna("closed") if "mode" in points.columns else "closed"
+    points["rate"] = points["rate"].fillna(-1.0) if "rate" in points.columns else -1.0
+    keys = ["run_id", "mode", "rate", "concurrency"]
     meta = points.groupby(keys, as_index=False)[["started_at", "commit"]].first()
     runs = over_trials(points, cols, keys).merge(meta, on=keys).sort_values(["started_at", "run_id"])
     now = datetime.now(timezone.utc)
     rows = []
-    for conc, g in runs.groupby("concurrency"):
+    for (mode, rate, conc), g in runs.groupby(["mode", "rate", "concurrency"]):
         for col in cols:
             series = g[["run_id", "commit", col]].dropna()
             for cp in detect(series[col].to_numpy(float), window, pvalue, min_size):
                 at = series.iloc[cp.index]
-                rows.append({"metric": col, "concurrency": int(conc), "run_id": int(at["run_id"]),
+                rows.append({"metric": col, "mode": mode, "rate": None if rate < 0 else float(rate),
+                             "concurrency": int(conc), "run_id": int(at["run_id"]),
                              "commit": at["commit"], "detected_at": now, "mean_before": cp.mean_before,
                              "mean_after": cp.mean_after, "rel_change": cp.rel_change, "p_value": cp.p_value})
     return rows

@@ -19,7 +19,10 @@ class GateOutput:
 
 
 def _plot_points(points: pd.DataFrame) -> list[tuple[float, float, int]]:
+    """The closed-loop levels of a frontier chart (rate levels are judged level by level, not as a frontier)."""
     points = counted(points)
+    if "mode" in points.columns:
+        points = points[points["mode"].fillna("closed") == "closed"]
     if len(points) == 0:
         return []
     pr = per_run(points)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from k2bench.harness.analysis import pareto, stats
 from k2bench.harness.measure.catalogue import GATE_METRICS, Metric, over_trials
+from k2bench.harness.record.schema import level_label
 
 # The metrics the gate judges, with their direction and per-request sample: see the catalogue.
 METRICS: tuple[Metric, ...] = GATE_METRICS
@@ -78,6 +79,13 @@ class Verdict:
     mw_source: str | None = None  # "trials" or "requests"
     significant: bool | None = None  # None: no test applied
     status: str = "unchanged"  # regression | improvement | noise | unconfirmed | unchanged | missing | invalid
+    mode: str = "closed"  # the level's kind (schema.Point.mode): closed, or rate at ``rate`` req/s
+    rate: float | None = None
+
+    @property
+    def level(self) -> str:
+        """The level as tables name it: c8, r2/s (schema.level_label)."""
+        return level_label(self.mode, self.rate, self.concurrency)
 
 
 @dataclass
@@ -192,19 +200,11 @@ def _judge(worse_by: float, thr: float, significant: bool | None) -> str:
     return "regression" if worse_by > 0 else "improvement"
 
 
-def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None = None,
-            cand_requests: pd.DataFrame | None = None, base_requests: pd.DataFrame | None = None,
-            config: RegressConfig | None = None) -> RegressResult:
-    """Compare candidate points against baseline points (both points_frame-shaped)."""
-    cfg = config or RegressConfig()
-    cfg.validate()
-    cand_runs = sorted(int(r) for r in cand["run_id"].unique())
-    base_runs = sorted(int(r) for r in base["run_id"].unique())
-    hist = history if history is not None else base.iloc[0:0]
-    hist = hist[~hist["run_id"].isin(cand_runs)]
+def _compare_kind(cand: pd.DataFrame, base: pd.DataFrame, hist: pd.DataFrame, cand_requests: pd.DataFrame | None,
+                  base_requests: pd.DataFrame | None, cfg: RegressConfig):
+    """(verdicts, notes, frontier verdict) of the levels of one kind, keyed by concurrency."""
     invalid = _invalid_levels(cand)
     cand, base, hist = counted(cand), counted(base), counted(hist)
-    hist_runs = sorted(int(r) for r in hist["run_id"].unique())
     c_run, b_run, h_run = per_run(cand), per_run(base), per_run(hist) if len(hist) else None
     notes = []
     c_levels, b_levels = set(c_run["concurrency"]), set(b_run["concurrency"])
@@ -225,7 +225,59 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
                 continue  # not measured on either side (e.g. J/token without GPU telemetry): not applicable
             verdicts.append(_verdict(m, int(conc), cand, base, c_run, b_run, h_run, cand_requests,
                                      base_requests, cfg))
-    fv = _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)
+    return verdicts, notes, _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)
+
+
+def _kinds(*frames: pd.DataFrame) -> list[tuple[str, float | None]]:
+    """The level kinds (mode, rate) the frames hold, closed first; frames from before rate levels are closed."""
+    found: set[tuple[str, float | None]] = set()
+    for f in frames:
+        if f is None or not len(f):
+            continue
+        if "mode" not in f.columns:
+            found.add(("closed", None))
+            continue
+        for mode, rate in zip(f["mode"].fillna("closed"), f["rate"], strict=True):
+            found.add((mode, None if mode == "closed" or pd.isna(rate) else float(rate)))
+    return sorted(found, key=lambda k: (k[0] != "closed", k[1] or 0.0)) or [("closed", None)]
+
+
+def _of_kind(frame: pd.DataFrame | None, kind: tuple[str, float | None]) -> pd.DataFrame | None:
+    """The rows of one level kind (a frame without a mode column holds closed levels only)."""
+    if frame is None:
+        return None
+    if "mode" not in frame.columns:
+        return frame if kind[0] == "closed" else frame.iloc[0:0]
+    mode = frame["mode"].fillna("closed")
+    if kind[0] == "closed":
+        return frame[mode == "closed"]
+    return frame[(mode == kind[0]) & (frame["rate"] == kind[1])]
+
+
+def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None = None,
+            cand_requests: pd.DataFrame | None = None, base_requests: pd.DataFrame | None = None,
+            config: RegressConfig | None = None) -> RegressResult:
+    """Compare candidate points against baseline points (both points_frame-shaped), each level kind on its
+    own: closed levels by concurrency (and as a frontier), each rate's levels by their in-flight cap."""
+    cfg = config or RegressConfig()
+    cfg.validate()
+    cand_runs = sorted(int(r) for r in cand["run_id"].unique())
+    base_runs = sorted(int(r) for r in base["run_id"].unique())
+    hist = history if history is not None else base.iloc[0:0]
+    hist = hist[~hist["run_id"].isin(cand_runs)]
+    hist_runs = sorted(int(r) for r in counted(hist)["run_id"].unique())
+    verdicts: list[Verdict] = []
+    notes: list[str] = []
+    fv = None
+    for kind in _kinds(cand, base):
+        v, n, f = _compare_kind(_of_kind(cand, kind), _of_kind(base, kind), _of_kind(hist, kind),
+                                _of_kind(cand_requests, kind), _of_kind(base_requests, kind), cfg)
+        for one in v:
+            one.mode, one.rate = kind
+        verdicts += v
+        notes += n if kind[0] == "closed" else [f"rate {kind[1]:g}/s: {text}" for text in n]
+        if kind[0] == "closed":
+            fv = f  # the frontier is the closed loop's (tok/s/GPU against tok/s/user over concurrency)
     statuses = {v.status for v in verdicts} | ({fv.status} if fv else set())
     overall = ("regression" if "regression" in statuses else
                "improvement" if "improvement" in statuses else "unchanged")

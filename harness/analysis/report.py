@@ -55,8 +55,14 @@ def _short(commit) -> str:
     return md_code(str(commit)[:10]) if commit else "(no commit)"
 
 
+def _level(v: Verdict) -> str:
+    """A verdict's level in the report: the concurrency of a closed level, r<rate>/s (cap N) of a rate level."""
+    return str(v.concurrency) if v.mode == "closed" else f"{v.level} (cap {v.concurrency})"
+
+
 def _describe(v: Verdict) -> str:
-    where = f"{v.label} {_pct(v.rel_change)} at concurrency {v.concurrency}"
+    where = (f"{v.label} {_pct(v.rel_change)} at concurrency {v.concurrency}" if v.mode == "closed"
+             else f"{v.label} {_pct(v.rel_change)} at {_level(v)}")
     ps = [f"noise p{_peq(v.noise_p)}" if v.noise_p is not None else "",
           f"Mann-Whitney p{_peq(v.mw_p)}" if v.mw_p is not None else ""]
     ps = [p for p in ps if p]
@@ -136,11 +142,11 @@ def _accuracy_section(res: RegressResult) -> list[str]:
 
 def _delta_table(res: RegressResult) -> list[str]:
     metrics = [m for m in METRICS if any(v.metric == m.column for v in res.verdicts)]
-    concs = sorted({v.concurrency for v in res.verdicts})
-    by = {(v.metric, v.concurrency): v for v in res.verdicts}
+    concs = sorted({(v.mode != "closed", v.rate or 0.0, v.concurrency, _level(v)) for v in res.verdicts})
+    by = {(v.metric, _level(v)): v for v in res.verdicts}
     out = ["| conc | " + " | ".join(m.short for m in metrics) + " |",
            "|---:|" + "---:|" * len(metrics)]
-    for c in concs:
+    for *_, c in concs:
         cells = []
         for m in metrics:
             v = by.get((m.column, c))
@@ -188,7 +194,7 @@ def _details(res: RegressResult) -> list[str]:
            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for v in res.verdicts:
         mw = f"{_p(v.mw_p)} ({v.mw_source})" if v.mw_p is not None else "–"
-        out.append(f"| {v.label} | {v.concurrency} | {_num(v.baseline)} | {_num(v.candidate)} | "
+        out.append(f"| {v.label} | {_level(v)} | {_num(v.baseline)} | {_num(v.candidate)} | "
                    f"{_pct(v.rel_change)} | {_p(v.noise_p)} | {mw} | {v.status} |")
     out += ["", "</details>", ""]
     return out

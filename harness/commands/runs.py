@@ -78,16 +78,25 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
     Every header and number format comes from the catalogue: its table metrics and level fields."""
     from rich.table import Table
 
-    from k2bench.harness.measure.catalogue import FIELDS, LEVEL_TABLE_FIELDS, TABLE_METRICS
+    from k2bench.harness.measure.catalogue import (
+        FIELDS,
+        LEVEL_TABLE_FIELDS,
+        RATE_TABLE_METRICS,
+        TABLE_METRICS,
+    )
     from k2bench.harness.record import schema
 
     trials = len({p.get("trial", 0) for p in points}) > 1
     mismatches = any(p.get("osl_mismatches") for p in points)
+    rates = any(p.get("mode") == "rate" for p in points)  # rate levels: a level column and their figures
+    metrics = (*TABLE_METRICS, *(RATE_TABLE_METRICS if rates else ()))
     table = Table(title=title, title_justify="left")
+    if rates:
+        table.add_column(FIELDS["level"].header, justify="right")
     table.add_column(FIELDS["concurrency"].header, justify="right")
     if trials:
         table.add_column(FIELDS["trial"].header, justify="right")
-    for name in (*(m.header for m in TABLE_METRICS), *(f.header for f in LEVEL_TABLE_FIELDS),
+    for name in (*(m.header for m in metrics), *(f.header for f in LEVEL_TABLE_FIELDS),
                  FIELDS["failed"].header):
         table.add_column(name, justify="right")
     if mismatches:
@@ -97,10 +106,11 @@ def points_table(points: list[dict], title: str | None = None) -> Table:
         table.add_column(FIELDS["valid"].header)
     for p in points:
         flat = schema.to_columns(schema.POINT, p)
-        row = [str(p["concurrency"])]
+        row = [schema.level_label(p.get("mode"), p.get("rate"), p["concurrency"])] if rates else []
+        row.append(str(p["concurrency"]))
         if trials:
             row.append(str(p.get("trial", 0)))
-        row += [m.format(flat.get(m.column)) for m in TABLE_METRICS]
+        row += [m.format(flat.get(m.column)) for m in metrics]
         row += [f.format(flat.get(f.column)) for f in LEVEL_TABLE_FIELDS]
         row.append("-" if p.get("num_prompts") is None else f"{p['failed']}/{p['num_prompts']}")
         if mismatches:

@@ -10,6 +10,7 @@ from k2bench.harness import redact
 from k2bench.harness.commands.common import table_console
 from k2bench.harness.plan import estimate
 from k2bench.harness.record import provenance
+from k2bench.harness.record.schema import level_label
 from k2bench.harness.run.sweep import EXIT_INTERRUPTED, EXIT_SERVER, SweepConfig, SweepResult
 
 
@@ -48,10 +49,10 @@ class SweepDisplay:
     def say(self, text: str) -> None:
         self.console.print(self.secrets.scrub(text), style="dim", highlight=False, markup=False)
 
-    def level_start(self, conc: int, trial: int, total: int):
+    def level_start(self, conc: int | str, trial: int, total: int):
         if self.sweep_task is None and len(self.planned) > 1:
             self.sweep_task = self.progress.add_task("sweep: levels", total=len(self.planned))
-        label = f"conc {conc}" + (f" trial {trial}" if self.cfg.trials > 1 else "")
+        label = (f"conc {conc}" if isinstance(conc, int) else str(conc)) + (f" trial {trial}" if self.cfg.trials > 1 else "")
         task = self.progress.add_task(label, total=total)
         failures = [0]
 
@@ -99,7 +100,9 @@ def report(result: SweepResult, cfg: SweepConfig, db: str | None) -> None:
         table_console().print(points_table(result.points, title))
     for p in result.points:
         if not p["valid"]:
-            err.print(f"level conc {p['concurrency']} is invalid (kept, left out of frontiers and the gate): "
+            where = (f"conc {p['concurrency']}" if p.get("mode", "closed") == "closed"
+                     else level_label(p.get("mode"), p.get("rate"), p["concurrency"]))
+            err.print(f"level {where} is invalid (kept, left out of frontiers and the gate): "
                       f"{secrets.scrub(str(p['invalid_reason']))}", style="yellow", highlight=False, markup=False)
     bad = sum(p["failed"] for p in result.points)
     if bad:

@@ -97,9 +97,9 @@ class Bisector:
         col = self.metric.column
         with Store.open(self.bench.cfg.db, readonly=True) as store:
             points = store.points_frame(run_ids=run_ids)
-            points = points[points["concurrency"] == self.conc]
-            samples = [regress.request_samples(store.requests_frame(rid, self.conc), self.conc, self.metric.sample)
-                       for rid in run_ids]
+            points = points[(points["concurrency"] == self.conc) & (points["mode"] == "closed")]  # bisect: --conc
+            samples = [regress.request_samples(_closed(store.requests_frame(rid, self.conc)), self.conc,
+                                               self.metric.sample) for rid in run_ids]
         per_run = regress.per_run(points)[col].dropna().to_numpy(float) if len(points) else np.zeros(0)
         if not len(per_run):
             raise UserError(f"runs {run_ids} have no {col} at concurrency {self.conc}")
@@ -192,3 +192,8 @@ def record(db: str | None, *, fingerprint: str | None, branch: str | None, metri
         return store.add_culprit({"fingerprint": fingerprint, "branch": branch, "metric": metric,
                                   "concurrency": concurrency, "good": good, "bad": bad, "first_bad": first,
                                   "subject": subject, "steps": steps})
+
+
+def _closed(requests):
+    """The closed-loop levels' requests (a rate level may share a closed level's concurrency)."""
+    return requests[requests["mode"] == "closed"]

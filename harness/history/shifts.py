@@ -48,6 +48,8 @@ def find_shifts(store, repo: Path, branch: str) -> list[Shift]:
         if not gitrepo.is_ancestor(repo, before["commit"], after["commit"]):
             continue
         between = int(gitrepo.git(repo, "rev-list", "--count", f"{before['commit']}..{after['commit']}").strip())
+        if (getattr(cp, "mode", None) or "closed") != "closed":
+            continue  # bisection re-measures closed levels (--conc); a rate level's shift is reported, not bisected
         key = (cp.fingerprint, cp.metric, int(cp.concurrency), before["commit"], after["commit"])
         found.setdefault(key, Shift(cp.fingerprint, cp.metric, int(cp.concurrency), before["commit"],
                                     after["commit"], between, after))

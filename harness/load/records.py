@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestRecord:
-    index: int  # position within its concurrency level (warmup requests included)
-    concurrency: int
+    index: int  # position within its level (warmup requests included)
+    concurrency: int  # closed: requests in flight; rate: the in-flight cap (see openloop)
     warmup: bool
     requested_input_tokens: int  # prompt length the workload asked for
     requested_output_tokens: int  # max_tokens = min_tokens = OSL
@@ -27,6 +27,11 @@ class RequestRecord:
     cached_tokens: int | None = None  # server's usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
     session: int | None = None  # conversations: which session (user) the request belongs to
     turn: int | None = None  # conversations: its turn in the session, from 1
+    # rate levels (k2bench.harness.load.openloop); None in closed-loop levels
+    mode: str = "closed"  # its level's kind: "closed" (N in flight) or "rate" (sent on a schedule)
+    rate: float | None = None  # its level's requests/s as asked (inf: all at once); None when closed
+    intended_ns: int | None = None  # when the schedule said to send it (same clock as send_ns)
+    queue_ns: int | None = None  # time held back by the in-flight cap (0 when not held)
 
     @property
     def osl_mismatch(self) -> bool:

@@ -81,7 +81,10 @@ class Field:
 # Every non-metric field a table shows. Per-level tables (`k2bench show`, a sweep's end, the dashboard's
 # run page) show the LEVEL_TABLE_FIELDS as number columns beside the TABLE_METRICS.
 FIELDS: dict[str, Field] = {f.column: f for f in (
-    Field("concurrency", "conc", "Concurrency (requests in flight)"),
+    Field("concurrency", "conc", "Concurrency (requests in flight; for a rate level, the cap on them)"),
+    Field("mode", "mode", "Level kind: closed (N in flight) or rate (sent on a schedule)"),
+    Field("rate", "rate", "Requests/s a rate level asked for (inf: all at once)", "req/s", decimals=2),
+    Field("level", "level", "The level: cN for N in flight (closed loop), rR/s for a rate level"),
     Field("trial", "trial", "Repeat of the level"),
     Field("duration_s", "duration", "Duration: first send to last finish (s)", "s", decimals=1),
     Field("failed", "failed", "Failed requests (of those measured)"),
@@ -156,6 +159,15 @@ def _catalogue() -> tuple[Metric, ...]:
         Metric("prefix_hit_rate", "Prefix-cache hit rate (cached / prompt tokens)", "hit rate", "", True,
                decimals=3, sample="hit_share", gate=True, table=True),
     ]
+    # how well a rate level kept its schedule (k2bench.harness.load.openloop): the client's own figures,
+    # judged by validity rather than by the gate; null for closed levels
+    out += [
+        Metric("achieved_rate", "Achieved rate (req/s)", "sent req/s", "req/s", True, decimals=2),
+        Metric("send_lag_p50_ms", "Send lag median (ms)", "lag p50", "ms", False, decimals=2),
+        Metric("send_lag_p99_ms", "Send lag p99 (ms)", "lag p99", "ms", False, decimals=2),
+        Metric("queue_p50_ms", "Client queue time median (ms)", "queue p50", "ms", False, decimals=1),
+        Metric("queue_p99_ms", "Client queue time p99 (ms)", "queue p99", "ms", False, decimals=1),
+    ]
     return tuple(out)
 
 
@@ -163,6 +175,8 @@ CATALOGUE: tuple[Metric, ...] = _catalogue()
 BY_COLUMN: dict[str, Metric] = {m.column: m for m in CATALOGUE}
 GATE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.gate)
 TABLE_METRICS: tuple[Metric, ...] = tuple(m for m in CATALOGUE if m.table)
+# the columns per-level tables add when they show a rate level
+RATE_TABLE_METRICS: tuple[Metric, ...] = tuple(BY_COLUMN[c] for c in ("achieved_rate", "send_lag_p99_ms", "queue_p99_ms"))
 
 
 def over_trials(frame: pd.DataFrame, columns: Iterable[str], keys: Iterable[str] = ("run_id", "concurrency"),

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from k2bench.errors import UserError
-from k2bench.harness.plan.settings_text import Count, parse_concurrency, parse_count, parse_evals, parse_tags
+from k2bench.harness.plan.settings_text import (
+    Count,
+    parse_concurrency,
+    parse_count,
+    parse_evals,
+    parse_rates,
+    parse_tags,
+)
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
 from k2bench.workloads.loader import SHIPPED_TRACE as _SHIPPED_TRACE
 
@@ -123,7 +130,7 @@ class Setting:
 
     def toml_types(self) -> tuple[type, ...]:
         return {int: (int,), float: (int, float), str: (str,), bool: (bool,), "conc": (str, int, list),
-                "count": (str, int), "tags": (list,), "evals": (list,)}[self.kind]
+                "count": (str, int), "rates": (str, int, float, list), "tags": (list,), "evals": (list,)}[self.kind]
 
     def parse(self, raw: Any, name: str) -> Any:
         """The value of raw text or a TOML value, as the config holds it; UserError if malformed."""
@@ -131,6 +138,8 @@ class Setting:
             return parse_concurrency(",".join(map(str, raw)) if isinstance(raw, list) else str(raw), name)
         if self.kind == "count":
             return parse_count(str(raw), name)
+        if self.kind == "rates":
+            return parse_rates(",".join(map(str, raw)) if isinstance(raw, list) else str(raw), name)
         if self.kind == "tags":
             return parse_tags(raw, name)
         if self.kind == "evals":
@@ -177,10 +186,24 @@ SETTINGS: tuple[Setting, ...] = (
       "fast)", default=1.0, check=positive, metavar="X", example=0.5),
     S("isl", int, "load", "input tokens per request (overrides the workload)", check=at_least(1), example=64),
     S("osl", int, "load", "output tokens per request (overrides the workload)", check=at_least(1), example=8),
-    S("conc", "conc", "load", "levels: 4..128 (powers of two, inclusive), 4,8,32, or 64", default="4..128",
-      check=lambda v: None if v else "gave no levels", attr="levels", example="1..4"),
+    S("conc", "conc", "load", "levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (with --rate and no "
+      "--conc: none)", default="4..128", attr="levels", example="1..4"),
+    S("rate", "rates", "load", "open-loop levels, requests/s each: 2,4,8 (inf: all at once). Alone it runs only "
+      "these; with --conc as well, the closed levels run first, then the rate levels", attr="rates",
+      metavar="R,R,...", example="2,4"),
+    S("burstiness", float, "load", "rate levels: gamma shape of the gaps between sends (1 = Poisson, above 1 "
+      "steadier, below 1 burstier)", default=1.0, check=lambda v: None if 0 < v < float("inf") else
+      "must be a positive number", metavar="K", example=2),
+    S("max_inflight", int, "load", "rate levels: at most N requests in flight; a request due while N are "
+      "in flight waits in the client's queue (its wait is stored as queue time; default: no cap)",
+      check=at_least(1), metavar="N", example=64),
+    S("ramp_up", float, "load", "rate levels: the rate grows linearly from 0 over the first S seconds; "
+      "requests sent then are warmup", default=0.0, check=lambda v: None if 0 <= v < float("inf") else
+      "must be 0 or more seconds", metavar="S", attr="ramp_up_s", example=5),
+    S("duration", float, "load", "rate levels: send for S seconds after warmup (--num-prompts N then caps "
+      "the count)", check=positive, metavar="S", attr="duration_s", example=60),
     S("num_prompts", "count", "load", "measured requests per level: a count, or Kx for K x the level's "
-      "concurrency (default 10x)", check=_count_check(1, "positive"), metavar="N|Kx",
+      "concurrency (rate levels: K x the rate, K seconds' worth; default 10x)", check=_count_check(1, "positive"), metavar="N|Kx",
       store=_store_count("num_prompts"), read=_read_count("num_prompts"), example="2x"),
     S("warmup", "count", "load", "warmup requests per level: a count, or Kx (default 2x)",
       check=_count_check(0, "0 or more"), metavar="N|Kx", store=_store_count("warmup"),
@@ -194,6 +217,13 @@ SETTINGS: tuple[Setting, ...] = (
       example=900),
     S("max_failure_rate", float, "validity", "fraction of a level's requests that may fail with the level "
       "still valid", default=0.0, check=_via(_failure_rate), metavar="R", attr="rules.max_failure_rate", example=0.01),
+    S("max_rate_error", float, "validity", "rate levels: the achieved rate may miss the rate the level's "
+      "schedule asked for by this fraction with the level still valid", default=0.05,
+      check=lambda v: None if 0 < v < 1 else "must be above 0 and below 1", metavar="R",
+      attr="rules.max_rate_error", example=0.1),
+    S("max_send_lag", float, "validity", "rate levels: p99 send lag (how late the client sent, less queue "
+      "time) above this many ms makes the level invalid", default=50.0, check=positive, metavar="MS",
+      attr="rules.max_send_lag_ms", example=100),
     S("allow_osl_mismatch", bool, "validity", "keep a level valid when outputs differ from the requested "
       "length (default: invalid)", default=False, attr="rules.allow_osl_mismatch", example=True),
     S("eval", "evals", "accuracy", "evaluate TASK (k2bench eval --list) with CONC requests in flight (default: "
@@ -232,6 +262,7 @@ SETTINGS: tuple[Setting, ...] = (
       read=lambda cfg: not (cfg.telemetry.gpu or cfg.telemetry.server_metrics)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+RATE_ONLY = ("burstiness", "max_inflight", "ramp_up", "duration")  # settings that need --rate
 FILE_KEYS: dict[str, Setting] = {s.name: s for s in SETTINGS if s.key}  # the job keys of suite files
 WORKLOAD_KEYS = ("workload", "isl", "osl", "trace")  # together they give the config's one Workload
 
@@ -354,6 +385,8 @@ def apply(base: Config, given: Mapping[str, Any], **context: Any) -> Config:
                 nested.setdefault(outer, {})[inner] = v
             else:
                 top[outer] = v
+    if "rate" in given and "conc" not in given:
+        top["levels"] = []  # --rate alone runs only rate levels (with --conc too, both kinds)
     if any(k in given for k in WORKLOAD_KEYS):
         top["workload"] = loader.resolve(*(given.get(k) for k in WORKLOAD_KEYS))
     for outer, fields in nested.items():
@@ -373,6 +406,16 @@ def validate(cfg: Any) -> None:
     for s in SETTINGS:
         if s.name not in WORKLOAD_KEYS:  # the Workload checks its own lengths when it is made
             _check(s, _read(cfg, s), s.flag)
+    rates = getattr(cfg, "rates", None) or []
+    if not cfg.levels and not rates:
+        raise UserError("--conc gave no levels and --rate none either: give levels of one kind or both")
+    if not rates:
+        given = [s.flag for s in SETTINGS if s.name in RATE_ONLY and _read(cfg, s) not in (None, s.default)]
+        if given:
+            raise UserError(f"{' and '.join(given)} shape rate levels only: add --rate")
+    elif any(r == float("inf") for r in rates) and cfg.num_prompts is None and cfg.max_inflight is None:
+        raise UserError("--rate inf sends a level's requests all at once, so its count cannot be K seconds' "
+                        "worth: give --num-prompts N (or --max-inflight N, for Kx of the cap)")
 
 
 def check_job(fields: Mapping[str, Any], where: str) -> None:

@@ -1,5 +1,5 @@
 """The text forms a sweep's settings are written in, on the command line and in suite files alike:
-levels (``4..128``, ``4,8,32``, ``64``), per-level counts (``40`` or ``2x``), tags (``key=value``) and
+levels (``4..128``, ``4,8,32``, ``64``), rates (``2,4,inf``), per-level counts (``40`` or ``2x``), tags (``key=value``) and
 evaluations (``TASK[@CONC]``).
 
 Each parser takes the name the value was given under (``--conc`` on the command line, ``conc`` in a
@@ -106,3 +106,22 @@ def parse_evals(items: list[str], name: str = "--eval") -> list[tuple[str, int |
             raise UserError(f"{name} {item!r}: expected TASK or TASK@CONC with CONC a positive integer")
         out.append((task.strip(), int(conc) if sep else None))
     return out
+
+
+def parse_rates(text: str, name: str = "--rate") -> list[float]:
+    """``2,4,8`` or ``0.5,inf``: requests per second of each rate level (``inf``: all at once); else UserError."""
+    spec = text.strip()
+    rates: list[float] = []
+    for part in spec.split(","):
+        word = part.strip().lower()
+        try:
+            rate = math.inf if word == "inf" else float(word)
+        except ValueError:
+            raise UserError(f"{name} {spec!r}: {part.strip()!r} is not a number of requests per second "
+                            f"(e.g. --rate 2,4,8 or --rate inf)") from None
+        if not (rate > 0) or (math.isinf(rate) and word != "inf"):
+            raise UserError(f"{name} {spec!r}: a rate must be a positive number of requests per second, or inf")
+        if rate in rates:
+            raise UserError(f"{name} {spec!r}: a rate is listed twice")
+        rates.append(rate)
+    return rates

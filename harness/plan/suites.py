@@ -38,10 +38,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# job field -> the TOML types it accepts (a list of them expands, except for conc): the sweep settings
+# job field -> the TOML types it accepts (a list of them expands, except for conc and rate): the sweep settings
 # that a suite file may carry, as `settings` declares them
 FIELDS: dict[str, tuple[type, ...]] = {key: s.toml_types() for key, s in settings.FILE_KEYS.items()}
-NO_EXPAND = {"conc"}
+NO_EXPAND = {"conc", "rate"}
 TOP_LEVEL = {"suite", "defaults", "matrix", "include", "exclude"}
 SUITE_KEYS = {"name", "description"}
 

@@ -23,15 +23,16 @@ def _canonical_number(value):
     return value
 
 
-# Fields added after fingerprints were first stored: hashed only when set, so that a run without them keeps
-# the fingerprint it always had.
-ADDED_FIELDS = frozenset({"workload_def"})
+# Fields added after fingerprints were first stored: left out while absent, so that a run without them
+# keeps the fingerprint it always had (a closed-loop run has no arrival schedule; a workload of random
+# fixed-length prompts has no definition beyond its name and lengths).
+OPTIONAL_FIELDS = frozenset({"arrival", "workload_def"})
 
 
 def fingerprint_fields(meta: Mapping) -> dict:
-    """The exact dict that ``fingerprint`` hashes (missing fields are None; an unset ADDED_FIELDS one is left out)."""
+    """The exact dict that ``fingerprint`` hashes (missing fields are None; missing optional ones absent)."""
     return {name: _canonical_number(meta.get(name)) for name in FINGERPRINT_FIELDS
-            if not (name in ADDED_FIELDS and meta.get(name) is None)}
+            if name not in OPTIONAL_FIELDS or meta.get(name) is not None}
 
 
 def fingerprint(meta: Mapping) -> str:

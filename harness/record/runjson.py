@@ -21,7 +21,7 @@ from sqlalchemy import BigInteger, Integer, String, Text
 
 from k2bench.errors import UserError
 from k2bench.harness.record import bounds, schema
-from k2bench.harness.record.schema import RUN_STATUSES, Spec, format_time, parse_time
+from k2bench.harness.record.schema import MODES, RUN_STATUSES, Spec, format_time, level_key, parse_time
 
 __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", "upgrade_doc", "validate_doc",
            "validate_eval", "validate_evals", "validate_point", "validate_request", "validate_run", "write_doc"]
@@ -93,6 +93,16 @@ def _check(kind: str, value, where: str):
         if not isinstance(value, str):
             raise bad("an ISO-8601 time string")
         return format_time(parse_time(value, where))
+    if base == "mode":
+        if value not in MODES:
+            raise bad("one of " + ", ".join(MODES))
+        return value
+    if base == "rate":  # requests/s; "inf" (JSON has no infinity) is a level that sends everything at once
+        if value == "inf" or (isinstance(value, float) and math.isinf(value) and value > 0):
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise bad('a positive number of requests/s or "inf"')
+        return float(value)
     if base == "status":
         if value not in RUN_STATUSES:
             raise bad("one of " + ", ".join(RUN_STATUSES))
@@ -155,7 +165,7 @@ def validate_run(run, where: str = "run") -> dict:
 
 
 def validate_point(point, where: str = "point") -> dict:
-    bounds.check_tree(point, where)
+    bounds.check_tree(_finite_rate(point), where)
     out = _check_fields(point, schema.POINT, where)
     bounds.check_level(out, where)
     if out["valid"] is None:  # a level summarised without a validity verdict counts when nothing failed
@@ -173,7 +183,7 @@ def validate_point(point, where: str = "point") -> dict:
 
 
 def validate_request(req, where: str = "request") -> dict:
-    bounds.check_tree(req, where)
+    bounds.check_tree(_finite_rate(req), where)
     out = _check_fields(req, schema.REQUEST, where)
     last = out["send_ns"] + sum(out["token_delta_ns"])  # the stamps are stored as int64 from send_ns
     if not -bounds.INT64_MAX - 1 <= last <= bounds.INT64_MAX:
@@ -226,6 +236,10 @@ def validate_doc(doc) -> dict:
     Raises UserError on the first bad field."""
     if not isinstance(doc, dict):
         raise UserError("document: expected a JSON object")
+    if isinstance(doc.get("points"), list) and all(isinstance(p, dict) for p in doc["points"]) and (
+            doc.get("requests") is None or isinstance(doc["requests"], list)
+            and all(isinstance(r, dict) for r in doc["requests"])):
+        doc = json_ready(doc)  # a document built in memory carries an infinite rate as a float
     bounds.check_tree(doc, "")  # before anything walks it (upgrades copy it recursively)
     for key in doc:
         if key not in ("schema", "run", "points", "requests", "evals"):
@@ -237,11 +251,13 @@ def validate_doc(doc) -> dict:
         raise UserError("run: missing")
     run = validate_run(doc["run"])
     points = [validate_point(p, f"points[{i}]") for i, p in enumerate(doc["points"])]
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple] = set()
     for i, p in enumerate(points):
-        key = (p["concurrency"], p["trial"])
+        if (p["mode"] == "rate") != (p["rate"] is not None):
+            raise UserError(f"points[{i}]: a rate level needs a rate, and only a rate level has one")
+        key = level_key(p)
         if key in seen:
-            raise UserError(f"points[{i}]: duplicate level (concurrency {key[0]}, trial {key[1]})")
+            raise UserError(f"points[{i}]: duplicate level ({_level_text(key)})")
         seen.add(key)
     out = {"schema": schema_name(), "run": run, "points": points,
            "evals": validate_evals(doc.get("evals"))}
@@ -251,10 +267,8 @@ def validate_doc(doc) -> dict:
             raise UserError("requests: expected a list")
         reqs = [validate_request(r, f"requests[{i}]") for i, r in enumerate(reqs_in)]
         for i, r in enumerate(reqs):
-            if (r["concurrency"], r["trial"]) not in seen:
-                raise UserError(
-                    f"requests[{i}]: no point for concurrency {r['concurrency']}, trial {r['trial']}"
-                )
+            if level_key(r) not in seen:
+                raise UserError(f"requests[{i}]: no point for {_level_text(level_key(r))}")
         out["requests"] = reqs
     return out
 
@@ -281,7 +295,31 @@ def load_doc(path: str | Path) -> dict:
         raise UserError(f"{p}: {exc}") from None
 
 
+def _finite_rate(obj):
+    """``obj`` as the tree check sees it: an infinite level rate is allowed (it means "all at once")."""
+    if isinstance(obj, dict) and isinstance(obj.get("rate"), float) and math.isinf(obj["rate"]):
+        return {**obj, "rate": "inf"}
+    return obj
+
+
+def _level_text(key: tuple) -> str:
+    mode, rate, conc, trial = key
+    return (f"concurrency {conc}" if mode == "closed" else f"rate {rate:g}/s, concurrency {conc}") + f", trial {trial}"
+
+
+def json_ready(doc: dict) -> dict:
+    """``doc`` with every infinite level rate written as "inf" (JSON has no infinity)."""
+    def fix(rows):
+        return [{**r, "rate": "inf"} if isinstance(r.get("rate"), float) and math.isinf(r["rate"]) else r
+                for r in rows]
+    out = {**doc, "points": fix(doc.get("points") or [])}
+    if doc.get("requests") is not None:
+        out["requests"] = fix(doc["requests"])
+    return out
+
+
 def write_doc(doc: dict, path: str | Path) -> None:
+    doc = json_ready(doc)
     p = Path(path)
     try:
         if p.parent and not p.parent.exists():

@@ -14,7 +14,8 @@ to every older file, so files written before keep importing. A new optional fiel
 bump and an upgrade that returns the document unchanged.
 
 Kinds (a trailing ``?`` allows null): str, int, pos_int, nonneg_int, float (finite), ratio (0..1),
-bool, dict, json (object, list or string), str_list, int_list, time (ISO-8601, stored as naive
+bool, dict, json (object, list or string), mode (one of MODES), rate (positive requests/s or
+inf, written "inf" in JSON), str_list, int_list, time (ISO-8601, stored as naive
 UTC), status (one of RUN_STATUSES), stats (an object of the statistics in ``keys``, one Float
 column each, named ``<field>_<key>``).
 
@@ -143,14 +144,22 @@ class Run:
     client: dict | None = col("dict?", JSON(), "the measuring client (k2bench version, host)")
     notes: str | None = col("str?", Text(), "free text")
     extra: dict | None = col("dict?", JSON(), "free-form data")
+    arrival: dict | None = col("dict?", JSON(), "rate levels' schedule: burstiness, max_inflight, ramp_up_s, "
+                               "duration_s, seed (null for a closed-loop run)", fingerprint=True)
 
 
 @dataclass
 class Point:
     """One level: a concurrency (and trial) measured after warmup, summarised."""
 
-    concurrency: int = col("pos_int", Integer(), "requests in flight", required=True, nullable=False)
+    concurrency: int = col("pos_int", Integer(), "closed: requests in flight; rate: the cap on requests in "
+                           "flight (--max-inflight, else the level's request count)", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "repeat number", nullable=False, default=0)
+    # the level's kind: a closed loop (N in flight) or requests sent on a schedule at a rate
+    mode: str | None = col("mode?", String(16), "closed (N in flight) or rate (open loop)", nullable=False,
+                           default="closed")
+    rate: float | None = col("rate?", Float(), "rate levels: requests/s asked for (inf: all at once, \"inf\" in "
+                             "JSON); null for closed levels")
     # null only in results imported from a tool that does not report them (InferenceX), all three together
     num_prompts: int | None = col("nonneg_int?", Integer(), "measured requests", required=True)
     completed: int | None = col("nonneg_int?", Integer(), "successful requests", required=True)
@@ -180,6 +189,15 @@ class Point:
     tokens_per_j: float | None = col("float?", Float(), "tokens (input + output) per joule; power_valid levels only")
     usd_per_mtok: float | None = col("float?", Float(), "US$ per million tokens (input + output) at gpu_hour_usd")
     usd_per_mtok_output: float | None = col("float?", Float(), "US$ per million output tokens at gpu_hour_usd")
+    achieved_rate: float | None = col("float?", Float(), "rate levels: measured requests / s as actually sent, "
+                                      "(n - 1) / (last send - first send)")
+    send_lag_p50_ms: float | None = col("float?", Float(), "rate levels: median send lag (actual - intended send, "
+                                        "less queue time), ms")
+    send_lag_p99_ms: float | None = col("float?", Float(), "rate levels: p99 send lag, ms")
+    queue_p50_ms: float | None = col("float?", Float(), "rate levels: median time a request waited for the "
+                                     "in-flight cap, ms")
+    queue_p99_ms: float | None = col("float?", Float(), "rate levels: p99 time a request waited for the "
+                                     "in-flight cap, ms")
     pct_roofline: float | None = col("float?", Float(), "tok/s/GPU as a percentage of the roofline at this "
                                      "concurrency (run extra.roofline)")
     prefix_hit_rate: float | None = col("ratio?", Float(), "prefix-cache hit rate over the measured window: "
@@ -201,6 +219,8 @@ class Request:
 
     concurrency: int = col("pos_int", Integer(), "its level's concurrency", required=True, nullable=False)
     trial: int | None = col("nonneg_int?", Integer(), "its level's trial", nullable=False, default=0)
+    mode: str | None = col("mode?", String(16), "its level's mode", nullable=False, default="closed")
+    rate: float | None = col("rate?", Float(), "its level's rate (null for closed levels)")
     index: int = col("nonneg_int", Integer(), "position in its level (warmup included)", required=True,
                      nullable=False, column="idx")
     warmup: bool = col("bool", Boolean(), "a warmup request (not measured)", required=True, nullable=False)
@@ -210,6 +230,9 @@ class Request:
                                        nullable=False)
     send_ns: int = col("int", BigInteger(), "client monotonic ns before sending", required=True, nullable=False)
     end_ns: int | None = col("int?", BigInteger(), "stream end, monotonic ns")
+    intended_ns: int | None = col("int?", BigInteger(), "rate levels: when the schedule said to send it, "
+                                  "monotonic ns (send_ns is when it was sent)")
+    queue_ns: int | None = col("nonneg_int?", BigInteger(), "rate levels: ns it waited for the in-flight cap")
     token_delta_ns: list[int] = col("int_list", None, "ns from send to the first token message, then between "
                                     "messages (stored compressed, see store.codec)", required=True)
     prompt_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.prompt_tokens")
@@ -249,7 +272,23 @@ FINGERPRINT_FIELDS: tuple[str, ...] = tuple(s.name for s in RUN if s.fingerprint
 # Short run fields (no free text or JSON): what frames join to each level and tables list.
 RUN_SUMMARY_FIELDS: tuple[str, ...] = tuple(
     s.name for s in RUN if s.sql is not None and not isinstance(s.sql, (JSON, Text)))
-LEVEL_KEYS = ("concurrency", "trial")
+LEVEL_KEYS = ("mode", "rate", "concurrency", "trial")
+# What tells one series of levels from another across runs (LEVEL_KEYS less the trial).
+SERIES_KEYS = ("mode", "rate", "concurrency")
+MODES = ("closed", "rate")
+
+
+def level_key(obj) -> tuple:
+    """(mode, rate, concurrency, trial) of a point or request (a dict or a row); old data is closed."""
+    get = obj.get if isinstance(obj, dict) else (lambda k, d=None: getattr(obj, k, d))
+    return (get("mode") or "closed", get("rate"), get("concurrency"), get("trial") or 0)
+
+
+def level_label(mode: str | None, rate: float | None, concurrency: int) -> str:
+    """How tables name a level: "c8" for a closed level, "r2.5/s" (or "r inf") for a rate level."""
+    if (mode or "closed") == "closed":
+        return f"c{concurrency}"
+    return "r inf" if rate is not None and rate == float("inf") else f"r{rate:g}/s"
 # Per-level numbers stored as plain columns (the levels' own counts and rates).
 LEVEL_NUMBERS: tuple[str, ...] = tuple(s.name for s in POINT if s.numeric and s.name not in LEVEL_KEYS)
 # Flat columns of a level: what Store.points_frame returns besides the run fields.

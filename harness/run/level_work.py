@@ -1,5 +1,6 @@
 """What one level of a sweep sends, by kind of workload: prompts under the closed loop (random, dataset,
-shared prefix), sessions (conversations), or a trace's requests.
+shared prefix), sessions (conversations), or a trace's requests at the trace's times (one open-loop level
+whose rate is the trace's mean rate: requests - 1 over the span of its scaled timestamps).
 
 Shared-prefix workloads run prime-then-measure: the warmup holds at least one request of every prefix
 group (request i belongs to group i mod prefix_groups, so the first prefix_groups requests cover them),
@@ -61,3 +62,22 @@ def plan(w: Workload, n: int, warm: int, *, url: str, model: str, vocab, seed: i
     # requests it has already seen (a prefix workload shares only its groups' prefixes)
     got = level_prompts(w, n + warm, base_url=url, model=model, vocab=vocab, seed=seed)
     return LevelWork(w, planned=n, warmup=warm, prompts=got)
+
+
+def trace_prompts(w: Workload, vocab) -> list:
+    from k2bench.workloads.build import trace_prompts as build_trace
+
+    return build_trace(w, vocab)
+
+
+def trace_offsets(w: Workload) -> list[float]:
+    """Each request's send time, seconds after the first (the trace's gaps x its time scale)."""
+    from k2bench.workloads.trace import read_trace, send_offsets_s
+
+    return send_offsets_s(read_trace(w.path or ""), w.time_scale)
+
+
+def trace_rate(w: Workload) -> float:
+    """The trace's mean rate in requests/s at its time scale (inf when every request has one timestamp)."""
+    offsets = trace_offsets(w)
+    return (len(offsets) - 1) / offsets[-1] if offsets[-1] > 0 else math.inf

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness import crash, redact
+from k2bench.harness.load import openloop, schedule
 from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
@@ -75,6 +77,11 @@ class SweepConfig:
     eval_limit: int | None = None  # only the first N items of each evaluation
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
     trace_time_scale: float = settings.default("trace_time_scale")  # --trace only: scales the trace's gaps
+    rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s (inf: all at once)
+    burstiness: float = settings.default("burstiness")  # gamma shape of the gaps (1 = Poisson)
+    max_inflight: int | None = None  # rate levels: cap on requests in flight
+    ramp_up_s: float = settings.default("ramp_up")  # rate levels: the rate grows linearly over the first S seconds (warmup)
+    duration_s: float | None = None  # rate levels: measured sending time; num_prompts (if given) caps it
 
     @classmethod
     def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
@@ -97,9 +104,29 @@ class SweepConfig:
             return self.warmup
         return round((2 if self.warmup_x is None else self.warmup_x) * conc)
 
+    def rate_count(self, rate: float, warmup: bool = False) -> int | None:
+        """Requests of a rate level (measured, or warmup): a count, or K x the rate (K seconds' worth; for
+        an infinite rate K x --max-inflight). None: the measured count is left to --duration."""
+        n, x, k = (self.warmup, self.warmup_x, 2) if warmup else (self.num_prompts, self.num_prompts_x, 10)
+        if n is not None:
+            return n
+        if x is None and self.duration_s is not None and not warmup:
+            return None
+        per = self.max_inflight if math.isinf(rate) else rate
+        return max(0 if warmup else 1, round((k if x is None else x) * (per or 1)))
+
+    def arrival(self) -> dict | None:
+        """What the run records (and fingerprints) about its rate levels' schedule; None without any."""
+        if not self.rates:
+            return None
+        return {"burstiness": self.burstiness, "max_inflight": self.max_inflight, "ramp_up_s": self.ramp_up_s,
+                "duration_s": self.duration_s, "seed": self.workload.seed}
+
     def planned_levels(self) -> list[estimate.Level]:
-        return [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels
-                for _ in range(self.trials)]
+        closed = [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels]
+        rate = [estimate.Level(self.max_inflight or 1, (self.rate_count(r) or round(r * (self.duration_s or 0)))
+                               + (self.rate_count(r, warmup=True) or 0)) for r in self.rates if math.isfinite(r)]
+        return [lv for lv in closed + rate for _ in range(self.trials)]
 
     def validate(self) -> None:
         """Every check, in one place: the declaration of the settings (`settings.validate`)."""
@@ -217,6 +244,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     from k2bench.harness.store.heartbeat import Heartbeat
 
     cfg.validate()
+    if cfg.workload.turns > 1 and cfg.rates:
+        raise UserError("conversations run as sessions under the closed loop (--conc); --rate cannot send them")
     if cfg.trace_time_scale != 1.0:
         if cfg.workload.source != "trace":
             raise UserError("--trace-time-scale applies to --trace only")
@@ -230,7 +259,8 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
     result = SweepResult(run_id=None, status="running", points=[], meta={},
-                         planned=len(cfg.levels) * cfg.trials)
+                         planned=(1 if cfg.workload.source == "trace" else len(cfg.levels) + len(cfg.rates))
+                         * cfg.trials)
     try:
         with _sigterm_as_interrupt(), contextlib.ExitStack() as stack, launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
@@ -241,39 +271,68 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
             result.meta = meta
             w = cfg.workload
             say(f"{srv.engine} {meta['model']} on {meta['hardware']}, workload {w.name} "
-                f"(ISL {w.isl}, OSL {w.osl}), levels {','.join(map(str, cfg.levels))}")
+                f"(ISL {w.isl}, OSL {w.osl}), levels {','.join(map(str, cfg.levels)) or '-'}"
+                + (f", rates {','.join(f'{r:g}' for r in cfg.rates)} req/s" if cfg.rates else ""))
             speed = _probe_speed(cfg, srv.url, request_model, vocab)
             if speed is not None:
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
-            for conc, trial in [(c, t) for c in cfg.levels for t in range(cfg.trials)]:
-                work = level_work.plan(w, cfg.prompts_for(conc), cfg.warmup_for(conc), url=srv.url,
-                                       model=request_model, vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
-                n = work.planned
-                spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc,
-                                 num_prompts=n, num_warmup=work.warmup, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                on_done = events.level_start(conc, trial, work.total) if events.level_start else None
+            if w.source == "trace":  # one open-loop level per trial, sent at the trace's own times
+                plans = [(None, level_work.trace_rate(w), t) for t in range(cfg.trials)]
+            else:
+                plans = [(c, None, t) for c in cfg.levels for t in range(cfg.trials)]
+                plans += [(None, r, t) for r in cfg.rates for t in range(cfg.trials)]
+            for conc, rate, trial in plans:
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
+                if rate is None:
+                    name = f"concurrency {conc}"
+                    work = level_work.plan(w, cfg.prompts_for(conc), cfg.warmup_for(conc), url=srv.url,
+                                           model=request_model, vocab=vocab,
+                                           seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                    n = work.planned
+                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
+                                     num_warmup=work.warmup, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                    on_done = events.level_start(conc, trial, work.total) if events.level_start else None
+                    level = work.level(spec, on_done, watch, on_window=(tel.begin, tel.end))
+                else:
+                    name = f"rate {rate:g}/s"
+                    if w.source == "trace":
+                        prompts, offsets, warm = level_work.trace_prompts(w, vocab), level_work.trace_offsets(w), 0
+                    else:
+                        level_seed = schedule.level_seed(w.seed, rate, trial)
+                        offsets, warm = schedule.level_schedule(
+                            rate, cfg.rate_count(rate), cfg.rate_count(rate, warmup=True) or 0, cfg.burstiness,
+                            level_seed, cfg.ramp_up_s, cfg.duration_s)
+                        prompts = level_prompts(w, len(offsets), base_url=srv.url, model=request_model,
+                                                vocab=vocab, seed=level_seed + 1)
+                    n, conc = len(offsets) - warm, openloop.in_flight_cap(cfg.max_inflight, len(offsets))
+                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
+                                     num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                    on_done = events.level_start(name, trial, len(offsets)) if events.level_start else None
+                    level = openloop.run_rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight, on_done,
+                                                    watch, on_window=(tel.begin, tel.end))
                 try:
-                    records = run_async(work.level(spec, on_done, watch, on_window=(tel.begin, tel.end)))
+                    records = run_async(level)
                 finally:
                     tel.abort()  # a level cut short leaves no window open (a no-op after end())
                 watch.name_the_exit()
                 if watch.prompts_rejected:
-                    raise UserError(f"concurrency {conc}: {watch.stopped}\nthe prompts' token ids are not all in "
+                    raise UserError(f"{name}: {watch.stopped}\nthe prompts' token ids are not all in "
                                     f"the server's vocabulary: pass --model <folder or id> so prompts use the "
                                     f"server's vocabulary")
                 failure = level_failure(records) if watch.stopped is None else None
                 if failure:
                     died = srv.death_note()
-                    raise ServerError(f"concurrency {conc}: {failure}" + (f"\n{died}" if died else ""))
+                    raise ServerError(f"{name}: {failure}" + (f"\n{died}" if died else ""))
                 if not any(not r.warmup for r in records):  # stopped before a measured request was sent
                     point = None
                     result.unmeasured += 1
-                    say(f"concurrency {conc}: nothing measured, stopped during warmup: {watch.stopped}")
+                    say(f"{name}: nothing measured, stopped during warmup: {watch.stopped}")
                 else:
                     point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
+                    if rate is not None:
+                        point.update(openloop.level_figures(records, rate))
                     point.update(tel.fields(point))
                     workload_metrics.prefer_server(point)
                     point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
@@ -287,11 +346,12 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None) -> SweepResul
                         events.level_done(point)
                 if watch.server_down:
                     result.exit_code = EXIT_SERVER
-                    result.problem = f"concurrency {conc}: {watch.stopped}"
+                    result.problem = f"{name}: {watch.stopped}"
                     break
             if result.run_id is not None and result.exit_code == EXIT_OK:
                 for task, conc in cfg.evals:
-                    _evaluate(cfg, store, result.run_id, srv.url, request_model, task, conc or max(cfg.levels), say)
+                    _evaluate(cfg, store, result.run_id, srv.url, request_model, task,
+                              conc or max(cfg.levels or [cfg.max_inflight or 1]), say)
         if result.exit_code == EXIT_OK:
             result.status = "complete"
             if result.unmeasured or any(not p["valid"] for p in result.points):
@@ -323,7 +383,7 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     w = cfg.workload
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
         return None
-    batch = min(estimate.PROBE_BATCH, min(cfg.levels))
+    batch = min(estimate.PROBE_BATCH, min(cfg.levels or [estimate.PROBE_BATCH]))
     # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompts are not ones a level sends
     prompts = [dataclasses.replace(p, output_len=min(p.output_len, estimate.PROBE_OUTPUT_TOKENS))
                for p in level_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
@@ -359,7 +419,7 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
         "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
         "workload_def": w.definition(),
-        "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes,
+        "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes, "arrival": cfg.arrival(),
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,
                   "request_model": request_model, "prompt_mode": w.mode,
                   "vocabulary": vocab.source if vocab else None, "versions": provenance.versions(),

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 RUN_COLUMNS = schema.RUN_SUMMARY_FIELDS
 POINT_COLUMNS = schema.POINT_COLUMNS
 _TIME_COLUMNS = tuple(s.name for s in schema.RUN if s.base == "time")
-REQUEST_COLUMNS = ("concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
+REQUEST_COLUMNS = ("mode", "rate", "concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
                    "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch",
                    "requested_input_tokens", "prompt_tokens", "cached_tokens", "session", "turn")
-CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "concurrency", "run_id", "commit", "detected_at",
+CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "mode", "rate", "concurrency", "run_id", "commit", "detected_at",
                         "mean_before", "mean_after", "rel_change", "p_value")
 
 
@@ -38,7 +38,8 @@ class FramesMixin:
         q = select(*cols).join(Run, Run.id == Point.run_id)
         if run_ids is not None:
             q = q.where(Point.run_id.in_([int(r) for r in run_ids]))
-        q = apply_run_filters(q, filters).order_by(Run.started_at, Run.id, Point.concurrency, Point.trial)
+        q = apply_run_filters(q, filters).order_by(Run.started_at, Run.id, Point.mode, Point.rate, Point.concurrency,
+                                                   Point.trial)
         with self._read() as s:
             rows = s.execute(q).all()
         df = pd.DataFrame(rows, columns=["run_id", *RUN_COLUMNS, *POINT_COLUMNS])
@@ -49,20 +50,20 @@ class FramesMixin:
     def requests_frame(self, run_id: int, concurrency: int | None = None) -> pd.DataFrame:
         """One row per measured (non-warmup) request, latencies re-derived from the raw stamps.
 
-        send_s / end_s are seconds from the level's first send (per concurrency and trial)."""
+        send_s / end_s are seconds from the level's first send (per level: kind, concurrency and trial)."""
         import pandas as pd
 
         pairs = self._records(run_id, concurrency, None, False)
-        start: dict[tuple[int, int], int] = {}
+        start: dict[tuple, int] = {}
         for row, rec in pairs:
-            key = (row.concurrency, row.trial)
+            key = schema.level_key(row)
             start[key] = min(start.get(key, rec.send_ns), rec.send_ns)
         out = []
         for row, rec in pairs:
-            t0 = start[(row.concurrency, row.trial)]
+            t0 = start[schema.level_key(row)]
             m = request_metrics(rec, with_itl=False)
             out.append((
-                row.concurrency, row.trial, rec.index, (rec.send_ns - t0) / 1e9,
+                row.mode or "closed", row.rate, row.concurrency, row.trial, rec.index, (rec.send_ns - t0) / 1e9,
                 None if rec.end_ns is None else (rec.end_ns - t0) / 1e9,
                 m["ttft_ms"], m["tpot_ms"], m["e2el_ms"], rec.output_tokens, rec.requested_output_tokens,
                 rec.success, rec.error, rec.osl_mismatch, rec.requested_input_tokens, rec.prompt_tokens,
@@ -70,13 +71,15 @@ class FramesMixin:
             ))
         return pd.DataFrame(out, columns=list(REQUEST_COLUMNS))
 
-    def itl_ms(self, run_id: int, concurrency: int) -> np.ndarray:
-        """Every inter-token gap (ms) of the level's successful measured requests, all trials."""
+    def itl_ms(self, run_id: int, concurrency: int, mode: str = "closed", rate: float | None = None) -> np.ndarray:
+        """Every inter-token gap (ms) of the level's successful measured requests, all trials (a closed
+        level unless ``mode``/``rate`` name a rate level)."""
         with self._read() as s:
             run = self._require_run(s, run_id)
+            same_rate = Request.rate.is_(None) if rate is None else Request.rate == rate
             blobs = s.execute(
                 select(Request.token_deltas).where(
-                    Request.run_id == run.id, Request.concurrency == concurrency,
+                    Request.run_id == run.id, Request.concurrency == concurrency, Request.mode == mode, same_rate,
                     Request.warmup.is_(False), Request.success.is_(True),
                 ).order_by(Request.trial, Request.idx)
             ).scalars().all()

@@ -33,7 +33,7 @@ class DuplicateRun(UserError):
 def content_key(run: dict, points: Sequence[dict]) -> str:
     """What makes two runs the same measurement: start time, configuration and every level's numbers."""
     fields = {k: run.get(k) for k in DUPLICATE_FIELDS}
-    levels = sorted(points, key=lambda p: (p["concurrency"], p["trial"]))
+    levels = sorted(points, key=lambda p: json.dumps(schema.level_key(p), default=str))
     return json.dumps([fields, levels], sort_keys=True, default=str)
 
 
@@ -61,15 +61,15 @@ class ImportMixin:
             return ids
 
     def _store_doc(self, s: Session, doc: dict) -> int:
-        by_level: dict[tuple[int, int], list[dict]] = {}
+        by_level: dict[tuple, list[dict]] = {}
         for r in doc.get("requests") or []:
-            by_level.setdefault((r["concurrency"], r["trial"]), []).append(r)
+            by_level.setdefault(schema.level_key(r), []).append(r)
         row = self._new_run(doc["run"])
         s.add(row)
         s.flush()
         for p in doc["points"]:
             point_id = self._insert_point(s, row.id, p)
-            reqs = by_level.get((p["concurrency"], p["trial"]))
+            reqs = by_level.get(schema.level_key(p))
             if reqs:
                 s.execute(insert(Request), [self._json_request_row(r, row.id, point_id) for r in reqs])
         for ev in doc["evals"]:
@@ -83,7 +83,7 @@ def _stored_copy(s: Session, doc: dict) -> int | None:
     want = content_key(doc["run"], doc["points"])
     for run in s.execute(select(Run).where(Run.started_at == started).order_by(Run.id)).scalars():
         points = s.execute(select(Point).where(Point.run_id == run.id)
-                           .order_by(Point.concurrency, Point.trial)).scalars()
+                           .order_by(Point.mode, Point.rate, Point.concurrency, Point.trial)).scalars()
         stored = schema.from_columns(schema.RUN, run)
         if content_key(stored, [schema.from_columns(schema.POINT, p) for p in points]) == want:
             return run.id

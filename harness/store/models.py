@@ -64,7 +64,9 @@ class Point(Base):
         Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
         *schema_columns(schema.POINT),
         Column("created_at", DateTime),
-        UniqueConstraint("run_id", "concurrency", "trial", name="uq_points_level"),
+        # one level per kind: (mode, rate) tell a rate level from a closed one of the same concurrency; rate is
+        # null for closed levels, so their uniqueness is checked by Store.add_point
+        UniqueConstraint("run_id", "mode", "rate", "concurrency", "trial", name="uq_points_level"),
     )
 
 
@@ -103,6 +105,8 @@ class ChangePoint(Base):
     fingerprint: Mapped[str] = mapped_column(String(64))
     branch: Mapped[str] = mapped_column(String(255))
     metric: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str | None] = mapped_column(String(16))  # the level's kind (schema.Point.mode); null: closed
+    rate: Mapped[float | None] = mapped_column(Float)
     concurrency: Mapped[int] = mapped_column(Integer)
     run_id: Mapped[int | None] = mapped_column(Integer)
     commit: Mapped[str | None] = mapped_column(String(64))

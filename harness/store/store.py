@@ -144,11 +144,13 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
         p = runjson.validate_point(point)
         with self._writer() as s:
             run = self._require_run(s, run_id)
-            clash = select(Point.id).where(Point.run_id == run.id, Point.concurrency == p["concurrency"],
-                                           Point.trial == p["trial"])
+            same_rate = Point.rate.is_(None) if p["rate"] is None else Point.rate == p["rate"]
+            clash = select(Point.id).where(Point.run_id == run.id, Point.mode == p["mode"], same_rate,
+                                           Point.concurrency == p["concurrency"], Point.trial == p["trial"])
             if s.execute(clash).first() is not None:
+                what = "" if p["mode"] == "closed" else f"rate {p['rate']:g}/s, "
                 raise UserError(
-                    f"run {run_id} already has a level at concurrency {p['concurrency']}, trial {p['trial']}"
+                    f"run {run_id} already has a level at {what}concurrency {p['concurrency']}, trial {p['trial']}"
                 )
             point_id = self._insert_point(s, run.id, p)
             if records:
@@ -211,14 +213,15 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
 
     def replace_change_points(self, fingerprint: str, branch: str, rows: list[dict]) -> None:
         """Replace every stored change point of one (fingerprint, branch) series at once."""
-        allowed = {"metric", "concurrency", "run_id", "commit", "detected_at", "mean_before", "mean_after",
-                   "rel_change", "p_value"}
+        allowed = {"metric", "mode", "rate", "concurrency", "run_id", "commit", "detected_at", "mean_before",
+                   "mean_after", "rel_change", "p_value"}
         clean = []
         for i, r in enumerate(rows):
             unknown = set(r) - allowed
             if unknown:
                 raise UserError(f"change point {i}: unknown field {sorted(unknown)[0]!r}")
             row = {k: r.get(k) for k in allowed}
+            row["mode"] = row["mode"] or "closed"  # rows from before rate levels are closed-loop levels
             det = row["detected_at"]
             if isinstance(det, str):
                 row["detected_at"] = _to_db_time(det)
@@ -271,7 +274,7 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
         with self._read() as s:
             run = self._require_run(s, run_id)
             points = s.execute(
-                select(Point).where(Point.run_id == run.id).order_by(Point.concurrency, Point.trial)
+                select(Point).where(Point.run_id == run.id).order_by(Point.mode, Point.rate, Point.concurrency, Point.trial)
             ).scalars().all()
             run_obj = {k: v for k, v in _run_dict(run, len(points)).items() if k in RUN_FIELD_NAMES}
             doc = runjson.build_doc(run_obj, [_point_dict(p) for p in points],
@@ -279,7 +282,7 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
             if include_requests:
                 reqs = s.execute(
                     select(Request).where(Request.run_id == run.id)
-                    .order_by(Request.concurrency, Request.trial, Request.idx, Request.id)
+                    .order_by(Request.mode, Request.rate, Request.concurrency, Request.trial, Request.idx, Request.id)
                 ).scalars().all()
                 doc["requests"] = [_request_json(r) for r in reqs]
             return doc
@@ -299,7 +302,7 @@ class Store(FramesMixin, CulpritsMixin, ImportMixin):
                 q = q.where(Request.trial == trial)
             if not include_warmup:
                 q = q.where(Request.warmup.is_(False))
-            rows = s.execute(q.order_by(Request.concurrency, Request.trial, Request.idx, Request.id)).scalars().all()
+            rows = s.execute(q.order_by(Request.mode, Request.rate, Request.concurrency, Request.trial, Request.idx, Request.id)).scalars().all()
             return [(r, _row_record(r)) for r in rows]
 
 
@@ -356,8 +359,8 @@ def _row_record(r: Request) -> RequestRecord:
         index=r.idx, concurrency=r.concurrency, warmup=r.warmup, requested_input_tokens=r.requested_input_tokens,
         requested_output_tokens=r.requested_output_tokens, send_ns=r.send_ns,
         token_ns=decode_stamps(r.send_ns, r.token_deltas), end_ns=r.end_ns, prompt_tokens=r.prompt_tokens,
-        output_tokens=r.output_tokens, success=r.success, error=r.error, cached_tokens=r.cached_tokens,
-        session=r.session, turn=r.turn,
+        output_tokens=r.output_tokens, success=r.success, error=r.error, mode=r.mode or "closed", rate=r.rate,
+        intended_ns=r.intended_ns, queue_ns=r.queue_ns, cached_tokens=r.cached_tokens, session=r.session, turn=r.turn,
     )
 
 

@@ -97,7 +97,7 @@ def test_fingerprint_fields_hash_as_the_committed_fixtures_recorded():
         assert fingerprint(run) == run["fingerprint"]
     assert schema.FINGERPRINT_FIELDS == ("engine", "engine_version", "engine_flags", "model", "precision",
                                          "hardware", "num_gpus", "tp", "workload", "isl", "osl", "range_ratio",
-                                         "workload_def")
+                                         "workload_def", "arrival")
 
 
 def test_show_prints_the_catalogue_table_metrics_and_labelled_level_fields(url, capsys):

@@ -34,7 +34,8 @@ def _parser_of(command: str) -> argparse.ArgumentParser:
 def _argv(s: settings.Setting) -> list[str]:
     if s.kind is bool:
         return [s.flag]
-    return [s.flag, str(s.example)]
+    rate = ["--rate", "2"] if s.name in settings.RATE_ONLY else []  # these shape rate levels only
+    return [*rate, s.flag, str(s.example)]
 
 
 def test_the_declaration_is_complete() -> None:
@@ -76,7 +77,8 @@ def test_a_flag_lands_in_the_config(s: settings.Setting) -> None:
 def test_every_suite_key_is_accepted_and_lands_in_the_job_config(tmp_path: Path, s: settings.Setting) -> None:
     value = repr(s.example) if not isinstance(s.example, bool) else str(s.example).lower()
     path = tmp_path / "s.toml"
-    path.write_text(f"[[matrix]]\n{s.name} = {value}\n")
+    rate = "rate = 2\n" if s.name in settings.RATE_ONLY else ""  # these shape rate levels only
+    path.write_text(f"[[matrix]]\n{rate}{s.name} = {value}\n")
     suite = suites.load(path)
     (job,) = suite.jobs
     cfg = job_config(suite, job)

@@ -3,7 +3,7 @@ points.prefix_hit_rate / prefix_hit_source / turns (hit rate and per-turn figure
 requests.cached_tokens / session / turn. All nullable, no default: plain ADD COLUMNs, no table rebuild.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-02
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
