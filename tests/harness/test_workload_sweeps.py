@@ -8,6 +8,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from k2bench.harness.cli import main
@@ -170,3 +171,36 @@ def test_workload_fields_survive_export_and_import(tmp_path) -> None:
     got = [(r["session"], r["turn"], r["cached_tokens"]) for r in again["requests"]]
     assert got == [(r["session"], r["turn"], r["cached_tokens"]) for r in doc["requests"]]
     assert {t for _, t, _ in got} == {1, 2} and all(c is not None for _, _, c in got)
+
+
+def test_trace_replay_follows_the_trace_and_its_implied_hit_rate(tmp_path) -> None:
+    """The shipped 1,000-request trace at 1/20 of its time (about 6 s): requests are scheduled at the trace's
+    scaled timestamps, the server receives them in that shape (checked on its own arrival stamps), send lag
+    is reported, and a 512-token-block cache measures the hit rate the hash ids imply (within 0.01)."""
+    from k2bench.workloads import trace
+
+    scale = 0.05
+    rows = trace.read_trace(loader.SHIPPED_TRACE)
+    want = trace.send_offsets_s(rows, scale)
+    w = loader.for_trace(str(loader.SHIPPED_TRACE))
+    with serving(tmp_path, "--ttft-ms", "2", "--itl-ms", "1", "--prefix-cache-blocks", "1000000",
+                 "--cache-block-size", "512") as url:
+        result, db = _sweep(tmp_path, url, w, trace_time_scale=scale)
+        streams = sorted(_get(url + "/stats?streams=1")["streams"], key=lambda s: s["number"])
+    assert result.status == "complete", result.points
+    (p,) = result.points
+    assert p["mode"] == "rate" and p["completed"] == 1000 and p["send_lag_p50_ms"] is not None
+    assert p["send_lag_p99_ms"] is not None and p["rate"] == pytest.approx(999 / want[-1])
+    with Store.open(db, readonly=True) as store:
+        doc = store.export_run(result.run_id, include_requests=True)
+    reqs = sorted(doc["requests"], key=lambda r: r["index"])
+    t0 = reqs[0]["intended_ns"]
+    assert [(r["intended_ns"] - t0) / 1e9 for r in reqs] == pytest.approx(want, abs=1e-6)
+    assert [r["requested_input_tokens"] for r in reqs] == [r.input_length for r in rows]
+    assert doc["run"]["workload_def"]["time_scale"] == scale
+    arrived = [s["arrived"] - streams[0]["arrived"] for s in streams[-1000:]]
+    assert arrived[-1] == pytest.approx(want[-1], rel=0.05)  # the server saw the trace's span
+    assert np.corrcoef(arrived, sorted(want))[0, 1] > 0.999
+    implied = trace.implied_hit_rate(rows, 512)
+    assert p["prefix_hit_source"] == "k2bench_prefix_cache"
+    assert p["prefix_hit_rate"] == pytest.approx(implied, abs=0.01)
