@@ -385,6 +385,8 @@ def apply(base: Config, given: Mapping[str, Any], **context: Any) -> Config:
                 nested.setdefault(outer, {})[inner] = v
             else:
                 top[outer] = v
+    if "trace" in given and ("conc" in given or "rate" in given):
+        raise UserError("--trace sends the trace's requests at its own times: leave out --conc and --rate")
     if "rate" in given and "conc" not in given:
         top["levels"] = []  # --rate alone runs only rate levels (with --conc too, both kinds)
     if any(k in given for k in WORKLOAD_KEYS):

