@@ -36,6 +36,8 @@ class Prompt:
     output_len: int
     token_ids: Sequence[int] | None = None  # a list, or a numpy array (compact for long prompts)
     text: str | None = None
+    chat: bool = False  # send ``text`` as the user message of /v1/chat/completions
+    send_at_s: float | None = None  # trace replay: when to send, seconds after the level's start
 
     @property
     def prompt(self) -> Sequence[int] | str:
@@ -96,14 +98,23 @@ def lengths(w: Workload, n: int, rng: np.random.Generator) -> tuple[np.ndarray, 
 
 
 def token_prompts(w: Workload, n: int, vocab: Vocabulary | None = None, seed: int | None = None) -> list[Prompt]:
-    """``n`` token-id prompts of the workload's lengths (int32 arrays); same seed, same prompts."""
+    """``n`` token-id prompts of the workload's lengths (int32 arrays); same seed, same prompts.
+
+    With ``prefix_len``, request i belongs to group i mod ``prefix_groups`` and starts with that group's
+    prefix (drawn from the workload's seed, so every level shares it); the rest of each prompt is its own."""
     vocab = vocab or default_vocabulary(w)
     rng = np.random.default_rng(w.seed if seed is None else seed)
     ins, outs = lengths(w, n, rng)
+    prefixes = [vocab.allowed[np.random.default_rng([w.seed, 3, g]).integers(0, vocab.allowed.size,
+                                                                            size=w.prefix_len)]
+                for g in range(w.prefix_groups)] if w.prefix_len else []
     prompts = []
-    for i_len, o_len in zip(ins.tolist(), outs.tolist(), strict=True):
-        ids = vocab.allowed[rng.integers(0, vocab.allowed.size, size=i_len)].astype(np.int32)
-        prompts.append(Prompt(input_len=i_len, output_len=o_len, token_ids=ids))
+    for i, (i_len, o_len) in enumerate(zip(ins.tolist(), outs.tolist(), strict=True)):
+        own = i_len - (w.prefix_len if prefixes else 0)
+        ids = vocab.allowed[rng.integers(0, vocab.allowed.size, size=own)]
+        if prefixes:
+            ids = np.concatenate([prefixes[i % len(prefixes)], ids])
+        prompts.append(Prompt(input_len=i_len, output_len=o_len, token_ids=ids.astype(np.int32)))
     return prompts
 
 
@@ -150,7 +161,10 @@ async def _text_prompts(base_url: str, model: str, token_sets: list[Prompt]) -> 
 
 def build_prompts(w: Workload, n: int, *, base_url: str | None = None, model: str | None = None,
                   vocab: Vocabulary | None = None, seed: int | None = None) -> list[Prompt]:
-    """The prompts of one level: token ids, or verified text in text mode (needs the server)."""
+    """The prompts of one level of random ids: token ids, or verified text in text mode (needs the server).
+    `k2bench.workloads.build.level_prompts` builds those of every source."""
+    if w.source != "random":
+        raise ValueError(f"workload {w.name!r} has source {w.source!r}: build its prompts with build.level_prompts")
     prompts = token_prompts(w, n, vocab, seed)
     if w.mode == "text":
         if not base_url:

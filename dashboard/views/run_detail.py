@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from k2bench.dashboard import cache, charts, data, steady_charts, telemetry_charts
+from k2bench.dashboard.views import run_workload
 from k2bench.dashboard.views.common import csv_download, run_param_problem, slo_input, table_columns
 from k2bench.harness.analysis.mdsafe import md_text
 
@@ -80,6 +81,7 @@ def render(url: str, runs: pd.DataFrame) -> None:
     if reqs.empty:
         st.info("No per-request records are stored for this level (for example, a run imported without them).")
         return
+    run_workload.render(meta, cache.levels(url, run_id), reqs)
     c1, c2 = st.columns(2)
     c1.plotly_chart(charts.ttft_histogram(reqs), key="detail_ttft")
     c2.plotly_chart(charts.itl_cdf(cache.itl(url, run_id, conc)), key="detail_itl")

@@ -183,6 +183,8 @@ def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str |
         vals = df["e2el_ms"].astype(float) / df["output_tokens"].astype(float)
     elif rule == "inv_tpot":
         vals = 1000.0 / df["tpot_ms"].astype(float)
+    elif rule == "hit_share":  # the share of one request's prompt found in the prefix cache
+        vals = df["cached_tokens"].astype(float) / df["prompt_tokens"].astype(float)
     else:
         vals = df[rule].astype(float)
     arr = vals.to_numpy()

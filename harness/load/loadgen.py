@@ -16,6 +16,7 @@ tokens count as one arrival (one ITL gap); ``usage.completion_tokens`` is the ou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -110,12 +111,35 @@ class LevelSpec:
     timeout_s: float = 1800.0
     extra_body: dict = field(default_factory=dict)
     api_key: str | None = None  # sent as "Authorization: Bearer KEY"
+    path: str | None = None  # the endpoint: None, from the level's prompts (with_endpoint)
 
 
-def request_body(model: str, prompt: Prompt, extra: dict | None = None) -> bytes:
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def endpoint(prompt: Prompt) -> str:
+    return CHAT if prompt.chat else COMPLETIONS
+
+
+def with_endpoint(spec: LevelSpec, prompts: Sequence[Prompt]) -> LevelSpec:
+    """``spec`` with the endpoint its prompts go to (a level's prompts are all of one kind: text through
+    the chat endpoint, token ids through completions)."""
+    if spec.path is not None or not prompts:
+        return spec
+    return dataclasses.replace(spec, path=endpoint(prompts[0]))
+
+
+def level_url(spec: LevelSpec) -> str:
+    return normalize_base_url(spec.base_url) + (spec.path or COMPLETIONS)
+
+
+def request_body(model: str, prompt: Prompt, extra: dict | None = None, messages: list[dict] | None = None) -> bytes:
+    """The streaming request of one prompt: a completion of its token ids or text, or (``prompt.chat``) a
+    chat completion of ``messages`` (default: the prompt's text as the one user message)."""
     body = {
         "model": model,
-        "prompt": prompt.prompt,
+        **({"messages": messages or [{"role": "user", "content": prompt.text or ""}]} if prompt.chat
+           else {"prompt": prompt.prompt}),
         "max_tokens": prompt.output_len,
         "min_tokens": prompt.output_len,
         "ignore_eos": True,
@@ -126,7 +150,7 @@ def request_body(model: str, prompt: Prompt, extra: dict | None = None) -> bytes
     body.update(extra or {})
     if _dumps is not None:
         return _dumps(body, option=_NUMPY)
-    if hasattr(body["prompt"], "tolist"):
+    if hasattr(body.get("prompt"), "tolist"):
         body["prompt"] = body["prompt"].tolist()
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -172,14 +196,16 @@ class _Stream:
     together, and parsing a thousand messages for each of them at once would hold up the stamps
     of every other stream."""
 
-    __slots__ = ("token_ns", "done", "error", "prompt_tokens", "output_tokens")
+    __slots__ = ("token_ns", "done", "error", "prompt_tokens", "output_tokens", "cached_tokens", "text")
 
-    def __init__(self, token_ns: list[int]) -> None:
+    def __init__(self, token_ns: list[int], text: list[str] | None = None) -> None:
         self.token_ns = token_ns
         self.done = False
         self.error: str | None = None
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.text = text  # when a list, the answer's text is collected into it (conversations)
 
     def message(self, msg: bytes, t: int) -> None:
         if msg[:6] == b"data: " and b"\n" not in msg:  # the usual one-line message
@@ -209,14 +235,21 @@ class _Stream:
             c = choices[0]
             if c.get("text") or c.get("token_ids"):
                 self.token_ns.append(t)
+                if self.text is not None:
+                    self.text.append(c.get("text") or "")
             else:
                 delta = c.get("delta")
                 if delta and delta.get("content"):
                     self.token_ns.append(t)
+                    if self.text is not None:
+                        self.text.append(delta["content"])
         usage = obj.get("usage")
         if usage:
             self.prompt_tokens = usage.get("prompt_tokens")
             self.output_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details")
+            if details.__class__ is dict and details.get("cached_tokens") is not None:
+                self.cached_tokens = details["cached_tokens"]
         elif not choices and (obj.get("error") is not None or obj.get("object") == "error"):
             err = obj.get("error", obj)
             text = err.get("message", err) if isinstance(err, dict) else err
@@ -224,6 +257,7 @@ class _Stream:
 
     def finish(self, rec: RequestRecord, failure: str | None) -> None:
         rec.prompt_tokens, rec.output_tokens = self.prompt_tokens, self.output_tokens
+        rec.cached_tokens = self.cached_tokens
         n = len(self.token_ns)
         error = failure or self.error
         if error is None and not self.done:
@@ -239,9 +273,10 @@ class _Stream:
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord,
-                     timeout_s: float) -> RequestRecord:
-    """Send one streaming request and fill ``rec``; never raises for a failed request."""
-    state = _Stream(rec.token_ns)
+                     timeout_s: float, text: list[str] | None = None) -> RequestRecord:
+    """Send one streaming request and fill ``rec`` (and ``text`` with the answer, when given); never raises
+    for a failed request."""
+    state = _Stream(rec.token_ns, text)
     message, payload = state.message, state.payload
     failure: str | None = None
     now = time.monotonic_ns
@@ -357,6 +392,7 @@ async def run_level(spec: LevelSpec, prompts: Sequence[Prompt],
     calls, run in a worker thread). ``meter`` measures the client over the measured requests (see
     selfmeasure). Several processes share a level through k2bench.harness.load.procs.
     """
+    spec = with_endpoint(spec, prompts)
     return await run_work(spec, build_work(spec, prompts), on_done, watch, on_window, meter)
 
 
@@ -370,7 +406,7 @@ async def run_work(spec: LevelSpec, work: Sequence[tuple[bytes, RequestRecord]],
     judged where all shares meet)."""
     watch = watch or LevelWatch()
     _allow_open_files(spec.concurrency)
-    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    url = level_url(spec)
     warm = [w for w in work if w[1].warmup]
     measured = [w for w in work if not w[1].warmup]
     deadline = None if watch.timeout_s is None else time.monotonic_ns() + int(watch.timeout_s * 1e9)

@@ -24,9 +24,15 @@ import numpy as np
 
 from k2bench.errors import ServerError
 from k2bench.harness.load.level_watch import ERRORS_KEPT, STOP_POLL_S, LevelWatch
-from k2bench.harness.load.loadgen import LevelSpec, make_session, request_body, stream_one
+from k2bench.harness.load.loadgen import (
+    LevelSpec,
+    level_url,
+    make_session,
+    request_body,
+    stream_one,
+    with_endpoint,
+)
 from k2bench.harness.load.records import RequestRecord
-from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
 STOP_POLL_NS = int(STOP_POLL_S * 1e9)
@@ -115,10 +121,11 @@ async def run_rate_level(spec: LevelSpec, prompts: Sequence[Prompt], offsets_s: 
     (only the sent ones when ``watch`` stopped the level). ``on_window`` (start, end) brackets the
     measured requests: start is called in a worker thread when the first measured request is due,
     end once every request has finished."""
+    spec = with_endpoint(spec, prompts)
     if not prompts:
         raise ValueError("no prompts")
     watch = watch or LevelWatch()
-    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    url = level_url(spec)
     work: list[tuple[bytes, RequestRecord]] = []
     for i in range(len(offsets_s)):
         p = prompts[i % len(prompts)]

@@ -35,6 +35,7 @@ from k2bench.harness.load.loadgen import (
     build_work,
     run_level,
     run_work,
+    with_endpoint,
 )
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
@@ -266,6 +267,7 @@ async def closed_level(spec: LevelSpec, prompts: Sequence[Prompt], procs: int,
                        on_window: tuple[Callable[[], None], Callable[[], None]] | None = None,
                        ) -> tuple[list[RequestRecord], list[dict]]:
     """A closed level in one process or several: (records, each process's SelfMeter result)."""
+    spec = with_endpoint(spec, prompts)
     if procs > 1:
         return await run_level_procs(spec, prompts, procs, on_done, watch, on_window)
     meter = SelfMeter()

@@ -19,11 +19,10 @@ from dataclasses import replace
 from k2bench.errors import ServerError
 from k2bench.harness.load import openloop
 from k2bench.harness.load.level_watch import LevelWatch
-from k2bench.harness.load.loadgen import LevelSpec, make_session, request_body
+from k2bench.harness.load.loadgen import LevelSpec, level_url, make_session, request_body, with_endpoint
 from k2bench.harness.load.procs import _Pool, split_concurrency
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
-from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
 
@@ -54,7 +53,7 @@ async def _rate_worker(spec: LevelSpec, prompts: list, offsets: list[float], rat
     loop = asyncio.get_running_loop()
     watch = LevelWatch(connection_errors_to_stop=1 << 62)
     start = loop.create_future()
-    url = normalize_base_url(spec.base_url) + "/v1/completions"
+    url = level_url(spec)
     work = [(request_body(spec.model, p, spec.extra_body),
              RequestRecord(index=g, concurrency=spec.concurrency, warmup=j < num_warmup,
                            requested_input_tokens=p.input_len, requested_output_tokens=p.output_len, send_ns=0,
@@ -156,6 +155,7 @@ async def rate_level(spec: LevelSpec, prompts: Sequence[Prompt], offsets_s: Sequ
                      ) -> tuple[list[RequestRecord], list[dict]]:
     """A rate level in one process or several; the client is measured over the whole level (its warmup
     and measured requests interleave on the schedule)."""
+    spec = with_endpoint(spec, prompts)
     if procs > 1:
         return await run_rate_level_procs(spec, prompts, offsets_s, rate, num_warmup, max_inflight, procs,
                                           on_done, watch, on_window)

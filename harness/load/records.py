@@ -24,6 +24,9 @@ class RequestRecord:
     output_tokens: int | None = None  # server's usage.completion_tokens (never replaced by a count)
     success: bool = False
     error: str | None = None  # first error message, for failed requests
+    cached_tokens: int | None = None  # server's usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
+    session: int | None = None  # conversations: which session (user) the request belongs to
+    turn: int | None = None  # conversations: its turn in the session, from 1
     # rate levels (k2bench.harness.load.openloop); None in closed-loop levels
     mode: str = "closed"  # its level's kind: "closed" (N in flight) or "rate" (sent on a schedule)
     rate: float | None = None  # its level's requests/s as asked (inf: all at once); None when closed

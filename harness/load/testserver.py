@@ -31,7 +31,17 @@ them can be checked against the streams' records (``/stats?streams=1``). ``--spe
 n tokens: its n - 1 tokens after the first in ceil((n - 1) / L) steps (drafts) of K draft tokens each,
 every step's last token the target model's own (accepted = n - 1 - drafts).
 
-Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id.
+Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id. A chat
+request's prompt is the tokens of its messages' contents, one after the other.
+
+``--prefix-cache-blocks N`` turns on a model of automatic prefix caching: prompts are cut into blocks of
+``--cache-block-size`` tokens, each keyed by a hash chained over its tokens and every block before it; a
+request's cached tokens are its leading blocks already held (at most the prompt less one token, as vLLM
+reports them), counted from arrival; the cache keeps the N most recently used blocks. It reports
+``usage.prompt_tokens_details.cached_tokens`` and, on ``/metrics``, the counters
+``k2bench_prefix_cache_queries_total`` and ``k2bench_prefix_cache_hits_total`` (prompt tokens looked up and
+found), and prefill time is charged for uncached tokens only. ``--keep-prompts`` keeps each request's
+prompt (``GET /received``), so tests can read what a client sent.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import os
 import signal
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -106,6 +117,10 @@ class ServerConfig:
     slower: float = 1.0  # multiply every time of the model (ttft, itl, their slopes, prefill)
     slow_every: int = 0  # every k-th request (by arrival number) starts slow_ms later (0: none): a known tail
     slow_ms: float = 0.0  # added to the TTFT of those requests
+    prefix_cache_blocks: int = 0  # blocks the prefix-cache model holds (0: no prefix cache)
+    cache_block_size: int = 16  # tokens per cached block
+    cache_metrics: bool = True  # with the cache model: expose its counters on /metrics
+    keep_prompts: bool = False  # keep every request's prompt for GET /received
 
 
 class StreamRecord(NamedTuple):
@@ -156,10 +171,10 @@ class _PhaseMetrics:
             self.spec["num_draft_tokens"].inc(steps * self.spec_tokens)
             self.spec["num_accepted_tokens"].inc(rec.tokens - 1 - steps)
 
-    def render(self) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
 
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return generate_latest(self.registry)
 
 
 def _tokenize(text: str) -> list[int]:
@@ -186,6 +201,43 @@ def _prompt_ids(prompt: object) -> list[int]:
     raise ValueError("prompt must be a string, a list of token ids, or a one-element batch of either")
 
 
+class PrefixCache:
+    """Full blocks keyed by a hash chained over their tokens and their prefix, least recently used out."""
+
+    def __init__(self, blocks: int, block_size: int) -> None:
+        self.capacity, self.size = blocks, block_size
+        self.held: OrderedDict[int, None] = OrderedDict()
+        self.queries = self.hits = 0
+
+    def lookup_and_insert(self, ids: list[int]) -> int:
+        """Tokens of ``ids`` found cached (whole leading blocks, at most len - 1); then every full block is held."""
+        keys, h = [], 0
+        for start in range(0, len(ids) - self.size + 1, self.size):
+            h = hash((h, tuple(ids[start:start + self.size])))
+            keys.append(h)
+        hit = 0
+        for key in keys:
+            if key not in self.held:
+                break
+            hit += 1
+        cached = min(hit * self.size, max(len(ids) - 1, 0))
+        for key in keys:
+            self.held[key] = None
+            self.held.move_to_end(key)
+        while len(self.held) > self.capacity:
+            self.held.popitem(last=False)
+        self.queries += len(ids)
+        self.hits += cached
+        return cached
+
+
+def _chat_ids(messages: object) -> list[int]:
+    if not (isinstance(messages, list) and messages
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)):
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    return [t for m in messages for t in _tokenize(m["content"])]
+
+
 def _error(status: int, message: str) -> web.Response:
     body = {"object": "error", "message": message, "type": "BadRequestError", "code": status}
     return web.json_response(body, status=status)
@@ -206,12 +258,31 @@ class TestServer:
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
         self.phases = _PhaseMetrics(config.spec_tokens, config.spec_accept_len) if config.metrics else None
+        self.cache = PrefixCache(config.prefix_cache_blocks, config.cache_block_size) \
+            if config.prefix_cache_blocks else None
+        self.received: list[dict] = []  # with keep_prompts: {"number", "prompt" or "messages"} of each request
 
     def routes(self) -> dict[tuple[str, str], object]:
         return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
                 ("POST", "/v1/completions"): self.completions, ("POST", "/tokenize"): self.tokenize,
                 ("POST", "/detokenize"): self.detokenize, ("GET", "/stats"): self.stats,
-                **({("GET", "/metrics"): self.metrics} if self.phases is not None else {})}
+                ("POST", "/v1/chat/completions"): self.completions, ("GET", "/received"): self.show_received,
+                **({("GET", "/metrics"): self.metrics}
+                   if self.phases is not None or (self.cache and self.config.cache_metrics) else {})}
+
+    def _cache_metric_lines(self) -> str:
+        """The prefix-cache model's counters, named as the bundled engine names them."""
+        cache = self.cache
+        lines = []
+        for name, value, what in (("queries", cache.queries, "prompt tokens looked up in the prefix cache"),
+                                  ("hits", cache.hits, "prompt tokens found in the prefix cache")):
+            lines += [f"# HELP k2bench_prefix_cache_{name}_total {what}",
+                      f"# TYPE k2bench_prefix_cache_{name}_total counter",
+                      f"k2bench_prefix_cache_{name}_total {value}"]
+        return "\n".join(lines) + "\n"
+
+    async def show_received(self, request: web.BaseRequest) -> web.Response:
+        return web.json_response(self.received)
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -292,7 +363,11 @@ class TestServer:
         return web.json_response(body)
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
-        return self.phases.render()
+        """/metrics: the phase histograms (--metrics) and the prefix-cache model's counters, as configured."""
+        body = self.phases.exposition() if self.phases is not None else b""
+        if self.cache is not None and self.config.cache_metrics:
+            body += self._cache_metric_lines().encode()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def tokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
@@ -316,10 +391,14 @@ class TestServer:
             return _error(400, "request body is not JSON")
         if cfg.fail_status and n % max(cfg.fail_every, 1) == 0:
             return _error(cfg.fail_status, f"test server configured to fail request {n}")
+        chat = request.path.endswith("/chat/completions")
         try:
-            prompt = _prompt_ids(body.get("prompt"))
+            prompt = _chat_ids(body.get("messages")) if chat else _prompt_ids(body.get("prompt"))
         except ValueError as exc:
             return _error(400, str(exc))
+        if cfg.keep_prompts and len(self.received) < 100_000:
+            self.received.append({"number": n, **({"messages": body["messages"]} if chat
+                                                  else {"prompt": body.get("prompt")})})
         bad = next((t for t in prompt if cfg.vocab_size and not 0 <= t < cfg.vocab_size), None)
         if bad is not None:
             return _error(400, f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
@@ -332,6 +411,7 @@ class TestServer:
         if not body.get("stream"):
             return _error(400, "this test server only streams (set stream=true)")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        cached = self.cache.lookup_and_insert(prompt) if self.cache else None
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -341,7 +421,7 @@ class TestServer:
             admitted = await self._admit(arrived)
             try:
                 await self._stream(resp, request.transport, arrived, admitted, len(prompt), max_tokens,
-                                   include_usage, n)
+                                   include_usage, n, cached, chat)
             finally:
                 self._release()
         finally:
@@ -376,17 +456,24 @@ class TestServer:
         self.running -= 1
 
     async def _stream(self, resp: web.StreamResponse, transport: asyncio.BaseTransport | None, arrived: float,
-                      admitted: float, prompt_len: int, max_tokens: int, include_usage: bool, n: int) -> None:
+                      admitted: float, prompt_len: int, max_tokens: int, include_usage: bool, n: int,
+                      cached: int | None = None, chat: bool = False) -> None:
         cfg = self.config
         f = cfg.slower
         running_at_admission = self.running
         scheduled = admitted + cfg.queue_ms / 1e3  # the --max-running wait, then the fixed --queue-ms one
+        # prefill is charged for the tokens the prefix-cache model did not hold
         first = scheduled + f * ((cfg.ttft_ms + cfg.ttft_slope_ms * self.running) / 1e3
-                                 + prompt_len * cfg.prefill_us_per_token / 1e6)
+                                 + (prompt_len - (cached or 0)) * cfg.prefill_us_per_token / 1e6)
         if cfg.slow_every and n % cfg.slow_every == 0:
             first += cfg.slow_ms / 1e3
         k = max(cfg.tokens_per_message, 1)
-        head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
+        if chat:
+            head = (f'data: {{"id":"chat-{n}","object":"chat.completion.chunk","created":0,"model":"{cfg.model}",'
+                    f'"choices":[{{"index":0,"delta":{{"content":"')
+        else:
+            head = f'data: {{"id":"cmpl-{n}","object":"text_completion","created":0,"model":"{cfg.model}","choices":[{{"index":0,"text":"'
+        close = '"}' if chat else '"'
         sent = 0
         message = 0
         first_sent = 0.0
@@ -413,7 +500,7 @@ class TestServer:
             sent += count
             message += 1
             finish = '"length"' if sent == max_tokens else "null"
-            await resp.write(f'{head}{text}","logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
+            await resp.write(f'{head}{text}{close},"logprobs":null,"finish_reason":{finish}}}],"usage":null}}\n\n'.encode())
         record = StreamRecord(n, arrived, first_sent, now, message, sent, prompt_len, scheduled=scheduled,
                               admitted=admitted, running=running_at_admission, first_due=first, last_due=due)
         if len(self.done) < 1_000_000:
@@ -424,6 +511,8 @@ class TestServer:
             completion = max(max_tokens + cfg.completion_tokens_delta, 0)
             usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
                      "total_tokens": prompt_len + completion}
+            if cached is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
             tail = {"id": f"cmpl-{n}", "object": "text_completion", "created": 0, "model": cfg.model,
                     "choices": [], "usage": usage}
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
@@ -467,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slower", type=float, default=1.0, help="multiply every time of the model (a slower build)")
     p.add_argument("--slow-every", type=int, default=0, help="every k-th request (by arrival) is slow (0: none)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-every: extra TTFT of those requests")
+    p.add_argument("--prefix-cache-blocks", type=int, default=0, help="model a prefix cache of N blocks (0: none)")
+    p.add_argument("--cache-block-size", type=int, default=ServerConfig.cache_block_size, help="tokens per block")
+    p.add_argument("--no-cache-metrics", action="store_true", help="no /metrics for the cache model (usage only)")
+    p.add_argument("--keep-prompts", action="store_true", help="keep each request's prompt for GET /received")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     p.add_argument("--reuse-port", action="store_true", help="share the port with other test-server processes")
     p.add_argument("--record", default=None, help="write each stream's record to this JSON file at exit")
@@ -483,6 +576,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics=args.metrics, spec_tokens=args.spec_tokens, spec_accept_len=args.spec_accept_len,
         itl_slope_ms=args.itl_slope_ms, ttft_slope_ms=args.ttft_slope_ms, max_running=args.max_running,
         slower=args.slower, slow_every=args.slow_every, slow_ms=args.slow_ms,
+        prefix_cache_blocks=args.prefix_cache_blocks, cache_block_size=args.cache_block_size,
+        cache_metrics=not args.no_cache_metrics, keep_prompts=args.keep_prompts,
     )
 
 

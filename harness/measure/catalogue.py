@@ -38,7 +38,7 @@ SPLIT_KEYS = ("mean", "median", "p99")
 # Per-request sample rules (Store.requests_frame columns, or a rule computed from them) for the
 # gate's Mann-Whitney test: the sample has to move the same way as the metric.
 # "slo_good" is 1 for a request that met the comparison's SLO, else 0 (failed requests included).
-SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms", "slo_good")
+SAMPLE_RULES = ("output_rate", "inv_output_rate", "inv_tpot", "ttft_ms", "tpot_ms", "e2el_ms", "slo_good", "hit_share")
 
 TRIAL_AGGREGATION = "median"
 
@@ -182,6 +182,9 @@ def _catalogue() -> tuple[Metric, ...]:
                decimals=3, sample="inv_output_rate"),
         Metric("pct_roofline", "Share of the roofline (% of its tok/s/GPU)", "% roofline", "%", True, decimals=1,
                table=True),
+        # k2bench.harness.measure.workload_metrics: None (not shown) for a server that reports no cache
+        Metric("prefix_hit_rate", "Prefix-cache hit rate (cached / prompt tokens)", "hit rate", "", True,
+               decimals=3, sample="hit_share", gate=True, table=True),
     ]
     # how well a rate level kept its schedule (k2bench.harness.load.openloop): the client's own figures,
     # judged by validity rather than by the gate; null for closed levels

@@ -29,6 +29,7 @@ import numpy as np
 
 from k2bench.errors import UserError
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure import workload_metrics
 from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, LATENCY_METRICS, STAT_KEYS
 from k2bench.harness.measure.steady import summarize_steady
 
@@ -167,4 +168,6 @@ def summarize_level(
     point["interactivity"] = _interactivity(summaries["tpot_ms"])
     point.update(summaries)
     point.update(summarize_steady(records, concurrency=concurrency, num_gpus=num_gpus))
+    # only what applies: a level of random prompts against a server without a cache has none of them
+    point.update({k: v for k, v in workload_metrics.level_fields(recs).items() if v is not None})
     return point

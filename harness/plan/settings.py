@@ -29,6 +29,7 @@ from k2bench.harness.plan.settings_text import (
     parse_urls,
 )
 from k2bench.workloads.loader import DEFAULT as DEFAULT_WORKLOAD
+from k2bench.workloads.loader import SHIPPED_TRACE as _SHIPPED_TRACE
 
 Config = Any  # a SweepConfig: not imported, so that sweep.py may import this module
 # the commands that take sweep settings as flags ("suite run" adds what a suite file leaves to the caller)
@@ -202,6 +203,11 @@ SETTINGS: tuple[Setting, ...] = (
       check=positive, metavar="S", attr="ready_timeout_s", example=600),
     S("workload", str, "load", f"workload name (8k1k, 1k1k, 1k8k, ...) or a .toml path (default: from "
       f"--isl/--osl, else {DEFAULT_WORKLOAD})", example="1k1k"),
+    S("trace", str, "load", "replay a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, "
+      "hash_ids): its requests at its send times, identical token blocks for equal hash ids; instead of "
+      "--workload/--isl/--osl", metavar="FILE", example=str(_SHIPPED_TRACE)),
+    S("trace_time_scale", float, "load", "multiply the trace's gaps between requests by this (0.5: twice as "
+      "fast)", default=1.0, check=positive, metavar="X", example=0.5),
     S("isl", int, "load", "input tokens per request (overrides the workload)", check=at_least(1), example=64),
     S("osl", int, "load", "output tokens per request (overrides the workload)", check=at_least(1), example=8),
     S("conc", "conc", "load", "levels: 4..128 (powers of two, inclusive), 4,8,32, or 64 (with --rate and no "
@@ -305,7 +311,7 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 RATE_ONLY = ("burstiness", "max_inflight", "ramp_up", "duration")  # settings that need --rate
 FILE_KEYS: dict[str, Setting] = {s.name: s for s in SETTINGS if s.key}  # the job keys of suite files
-WORKLOAD_KEYS = ("workload", "isl", "osl")  # together they give the config's one Workload
+WORKLOAD_KEYS = ("workload", "isl", "osl", "trace")  # together they give the config's one Workload
 
 
 def takes(s: Setting, command: str) -> bool:
@@ -433,6 +439,8 @@ def apply(base: Config, given: Mapping[str, Any], **context: Any) -> Config:
                 nested.setdefault(outer, {})[inner] = v
             else:
                 top[outer] = v
+    if "trace" in given and ("conc" in given or "rate" in given):
+        raise UserError("--trace sends the trace's requests at its own times: leave out --conc and --rate")
     if "rate" in given and "conc" not in given:
         top["levels"] = []  # --rate alone runs only rate levels (with --conc too, both kinds)
     if any(k in given for k in WORKLOAD_KEYS):

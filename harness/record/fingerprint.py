@@ -24,8 +24,9 @@ def _canonical_number(value):
 
 
 # Fields added after fingerprints were first stored: left out while absent, so that a run without them
-# keeps the fingerprint it always had (a closed-loop run has no arrival schedule).
-OPTIONAL_FIELDS = frozenset({"arrival"})
+# keeps the fingerprint it always had (a closed-loop run has no arrival schedule; a workload of random
+# fixed-length prompts has no definition beyond its name and lengths).
+OPTIONAL_FIELDS = frozenset({"arrival", "workload_def"})
 
 
 def fingerprint_fields(meta: Mapping) -> dict:

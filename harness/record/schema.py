@@ -130,6 +130,9 @@ class Run:
     osl: int | None = col("pos_int?", Integer(), "output sequence length, tokens", fingerprint=True)
     range_ratio: float | None = col("ratio?", Float(), "allowed length spread (1.0 = exact lengths)",
                                     fingerprint=True)
+    workload_def: dict | None = col("dict?", JSON(), "the workload's definition beyond name, lengths and ratio "
+                                    "(source, dataset file and its hash, prefixes, turns, trace, seed); null for "
+                                    "random fixed-length prompts", fingerprint=True)
     fingerprint: str | None = col("str?", String(64), "configuration hash (computed when absent)",
                                   nullable=False, index=True)
     started_at: str = col("time", DateTime(), "start, UTC", required=True, nullable=False, index=True)
@@ -220,6 +223,12 @@ class Point:
     goodput_rps: float | None = col("float?", Float(), "requests that met the SLO / duration, req/s")
     goodput_per_gpu: float | None = col("float?", Float(), "(input + output tokens of the requests that met "
                                         "the SLO) / duration / GPUs")
+    prefix_hit_rate: float | None = col("ratio?", Float(), "prefix-cache hit rate over the measured window: "
+                                        "cached / looked-up prompt tokens (server counters, else usage)")
+    prefix_hit_source: str | None = col("str?", String(64), "where prefix_hit_rate came from: a counter pair, "
+                                        "a gauge, or usage.prompt_tokens_details.cached_tokens")
+    turns: dict | None = col("dict?", JSON(), "conversations: per turn (\"1\", \"2\", ...) its requests, "
+                             "TTFT statistics, prompt tokens and cached tokens")
     interactivity: dict | None = _stats("1000 / TPOT percentile, tok/s/user", INTERACTIVITY_KEYS)
     ttft_ms: dict | None = _stats("time to first token, ms")
     tpot_ms: dict | None = _stats("time per output token after the first, ms")
@@ -270,6 +279,9 @@ class Request:
     output_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.completion_tokens")
     success: bool = col("bool", Boolean(), "completed without error", required=True, nullable=False)
     error: str | None = col("str?", Text(), "first error message")
+    cached_tokens: int | None = col("nonneg_int?", Integer(), "server's usage.prompt_tokens_details.cached_tokens")
+    session: int | None = col("nonneg_int?", Integer(), "conversations: the session (user) of the request")
+    turn: int | None = col("pos_int?", Integer(), "conversations: the request's turn in its session, from 1")
 
 
 @dataclass

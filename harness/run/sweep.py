@@ -10,6 +10,7 @@ and the run is marked partial; a run with no finished level is marked failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -25,15 +26,18 @@ from k2bench.harness.load.level_watch import LevelWatch
 from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
 from k2bench.harness.load.loadgen import run as run_async
 from k2bench.harness.load.records import RequestRecord
+from k2bench.harness.measure import workload_metrics
 from k2bench.harness.measure.slo import attainment, parse_slo
 from k2bench.harness.measure.validity import ValidityRules, judge_level
 from k2bench.harness.plan import estimate, settings
 from k2bench.harness.record import provenance, repro
+from k2bench.harness.run import level_work
 from k2bench.harness.run.profiled import profiled_pass
 from k2bench.harness.servers import launch
 from k2bench.harness.telemetry import profile
 from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
 from k2bench.workloads import prompts as prompt_gen
+from k2bench.workloads.build import level_prompts
 from k2bench.workloads.loader import Workload
 
 
@@ -78,6 +82,7 @@ class SweepConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
     slo: str | None = None  # SLO text (k2bench.harness.measure.slo): each level's attainment and goodput
     client_procs: str = settings.default("client_procs")  # worker processes per level: "N" or "auto"
+    trace_time_scale: float = settings.default("trace_time_scale")  # --trace only: scales the trace's gaps
     rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s (inf: all at once)
     burstiness: float = settings.default("burstiness")  # gamma shape of the gaps (1 = Poisson)
     max_inflight: int | None = None  # rate levels: cap on requests in flight
@@ -125,6 +130,8 @@ class SweepConfig:
                 "duration_s": self.duration_s, "seed": self.workload.seed}
 
     def planned_levels(self) -> list[estimate.Level]:
+        if self.workload.source == "trace":  # one level per trial: the whole trace
+            return [estimate.Level(1, len(level_work.trace_offsets(self.workload)))] * self.trials
         closed = [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels]
         rate = [estimate.Level(self.max_inflight or 1, (self.rate_count(r) or round(r * (self.duration_s or 0)))
                                + (self.rate_count(r, warmup=True) or 0)) for r in self.rates if math.isfinite(r)]
@@ -251,6 +258,11 @@ def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir
         tel.close()
 
 
+async def _unmetered(level):
+    """(records, no client meters): a level run where the client does not measure itself (conversations)."""
+    return await level, []
+
+
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterable[Level] | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
     a sweep that measured nothing leaves nothing behind. ``plan`` replaces the config's levels x trials
@@ -262,11 +274,23 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
 
     cfg.validate()
     slo = parse_slo(cfg.slo) if cfg.slo else None
+    if cfg.workload.turns > 1 and cfg.rates:
+        raise UserError("conversations run as sessions under the closed loop (--conc); --rate cannot send them")
+    if cfg.trace_time_scale != 1.0:
+        if cfg.workload.source != "trace":
+            raise UserError("--trace-time-scale applies to --trace only")
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, time_scale=cfg.trace_time_scale))
+    if cfg.workload.path:  # a malformed dataset or trace is refused before a server starts
+        from k2bench.workloads.datasets import check
+
+        w = cfg.workload
+        check(w.source, w.path, w.prompt_field, w.output_field)
     events = events or LevelEvents()
     say = events.message or (lambda text: None)
     store = Store.open(cfg.db)
     result = SweepResult(run_id=None, status="running", points=[], meta={},
-                         planned=(len(cfg.levels) + len(cfg.rates)) * cfg.trials)
+                         planned=(1 if cfg.workload.source == "trace" else len(cfg.levels) + len(cfg.rates))
+                         * cfg.trials)
     try:
         with _sigterm_as_interrupt(), contextlib.ExitStack() as stack, launch.open_server(
                 url=cfg.url, engine=cfg.engine, model=cfg.model, tp=cfg.tp, server_args=cfg.server_args,
@@ -286,34 +310,44 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
             sizer = ClientSizer(cfg.client_procs, speed.step_at if speed is not None else None)
             if plan is None:
-                plan = [Level(c, trial=t) for c in cfg.levels for t in range(cfg.trials)]
-                plan += [Level(None, rate=r, trial=t) for r in cfg.rates for t in range(cfg.trials)]
-            for level in plan:
-                conc, rate, trial = level.concurrency, level.rate, level.trial
+                if w.source == "trace":  # one open-loop level per trial, sent at the trace's own times
+                    plan = [Level(None, rate=level_work.trace_rate(w), trial=t) for t in range(cfg.trials)]
+                else:
+                    plan = [Level(c, trial=t) for c in cfg.levels for t in range(cfg.trials)]
+                    plan += [Level(None, rate=r, trial=t) for r in cfg.rates for t in range(cfg.trials)]
+            for lv in plan:
+                conc, rate, trial = lv.concurrency, lv.rate, lv.trial
                 watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
                 if rate is None:
                     name = f"concurrency {conc}"
-                    n = cfg.prompts_for(conc) if level.num_prompts is None else level.num_prompts
-                    warm = cfg.warmup_for(conc) if level.warmup is None else level.warmup
                     # one distinct prompt per request, warmup included: a server with prefix caching
                     # must not get measured requests it has already seen
-                    prompts = prompt_gen.build_prompts(w, n + warm, base_url=srv.url, model=request_model,
-                                                       vocab=vocab, seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                    work = level_work.plan(w, cfg.prompts_for(conc) if lv.num_prompts is None else lv.num_prompts,
+                                           cfg.warmup_for(conc) if lv.warmup is None else lv.warmup, url=srv.url,
+                                           model=request_model, vocab=vocab,
+                                           seed=w.seed * 1_000_003 + conc * 1009 + trial)
+                    n = work.planned
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
-                                     num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                    on_done = events.level_start(conc, trial, n + warm) if events.level_start else None
-                    level = procs.closed_level(spec, prompts, sizer.procs_for(conc), on_done, watch,
-                                               on_window=(tel.begin, tel.end))
+                                     num_warmup=work.warmup, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
+                    on_done = events.level_start(conc, trial, work.total) if events.level_start else None
+                    if work.sessions is not None:  # conversations: sessions are the loop's users, one process
+                        level = _unmetered(work.level(spec, on_done, watch, on_window=(tel.begin, tel.end)))
+                    else:
+                        level = procs.closed_level(spec, work.prompts or [], sizer.procs_for(conc), on_done, watch,
+                                                   on_window=(tel.begin, tel.end))
                 else:
                     name = f"rate {rate:g}/s"
-                    level_seed = schedule.level_seed(w.seed, rate, trial)
-                    count = cfg.rate_count(rate) if level.num_prompts is None else level.num_prompts
-                    warm = (cfg.rate_count(rate, warmup=True) or 0) if level.warmup is None else level.warmup
-                    offsets, warm = schedule.level_schedule(rate, count, warm, cfg.burstiness, level_seed,
-                                                            cfg.ramp_up_s, cfg.duration_s)
+                    if w.source == "trace":
+                        prompts, offsets, warm = level_work.trace_prompts(w, vocab), level_work.trace_offsets(w), 0
+                    else:
+                        level_seed = schedule.level_seed(w.seed, rate, trial)
+                        count = cfg.rate_count(rate) if lv.num_prompts is None else lv.num_prompts
+                        warm = (cfg.rate_count(rate, warmup=True) or 0) if lv.warmup is None else lv.warmup
+                        offsets, warm = schedule.level_schedule(rate, count, warm, cfg.burstiness, level_seed,
+                                                                cfg.ramp_up_s, cfg.duration_s)
+                        prompts = level_prompts(w, len(offsets), base_url=srv.url, model=request_model,
+                                                vocab=vocab, seed=level_seed + 1)
                     n, conc = len(offsets) - warm, openloop.in_flight_cap(cfg.max_inflight, len(offsets))
-                    prompts = prompt_gen.build_prompts(w, len(offsets), base_url=srv.url, model=request_model,
-                                                       vocab=vocab, seed=level_seed + 1)
                     spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
                                      num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
                     on_done = events.level_start(name, trial, len(offsets)) if events.level_start else None
@@ -342,6 +376,7 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                     if rate is not None:
                         point.update(openloop.level_figures(records, rate))
                     point.update(tel.fields(point))
+                    workload_metrics.prefer_server(point)
                     if slo is not None:
                         point.update(attainment(records, slo, duration_s=point["duration_s"],
                                                 num_gpus=meta["num_gpus"]).fields())
@@ -396,18 +431,19 @@ def _probe_speed(cfg: SweepConfig, url: str, model: str, vocab) -> estimate.Spee
     """What a level costs on this server, for the up-front estimate of a large sweep (None for a sweep
     quick anywhere, or when the probe fails: the first level will then say why). One lone request
     (it also takes the server's cold start), then a small batch sent together: see k2bench.harness.plan.estimate."""
-    import dataclasses
 
     from k2bench.harness.measure.metrics import request_metrics
 
     w = cfg.workload
+    if w.source == "trace":  # a replay lasts the trace's own span; probing would send (and cache) its prompts
+        return None
     if estimate.planned_tokens(cfg.planned_levels(), w.isl, w.osl) < estimate.PROBE_MIN_TOKENS:
         return None
     batch = min(estimate.PROBE_BATCH, min(cfg.levels or [estimate.PROBE_BATCH]))
     # seed + 1: levels use seed + conc x 1009 + trial, so the probe's prompts are not ones a level sends
     prompts = [dataclasses.replace(p, output_len=min(p.output_len, estimate.PROBE_OUTPUT_TOKENS))
-               for p in prompt_gen.build_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
-                                                 seed=w.seed * 1_000_003 + 1)]
+               for p in level_prompts(w, 1 + batch, base_url=url, model=model, vocab=vocab,
+                                      seed=w.seed * 1_000_003 + 1)[:1 + batch]]
 
     def send(conc: int, sent: list) -> list[dict]:
         spec = LevelSpec(base_url=url, model=model, concurrency=conc, num_prompts=len(sent), num_warmup=0,
@@ -438,6 +474,7 @@ def _describe_run(cfg: SweepConfig, srv: launch.ServerHandle, say: Callable[[str
         "precision": cfg.precision or srv.precision or (provenance.precision_of(model_dir) if model_dir else None),
         "hardware": cfg.hardware or provenance.detect_hardware(), "num_gpus": cfg.gpus or cfg.tp, "tp": cfg.tp,
         "workload": w.name, "isl": w.isl, "osl": w.osl, "range_ratio": w.range_ratio,
+        "workload_def": w.definition(),
         "tags": cfg.tags, "trials": cfg.trials, "notes": cfg.notes, "arrival": cfg.arrival(),
         "slo": parse_slo(cfg.slo).text if cfg.slo else None,  # canonical: equal SLOs read the same
         "extra": {"server_log": str(srv.log_path) if srv.log_path else None, "base_url": srv.url,

@@ -20,7 +20,8 @@ RUN_COLUMNS = schema.RUN_SUMMARY_FIELDS
 POINT_COLUMNS = schema.POINT_COLUMNS
 _TIME_COLUMNS = tuple(s.name for s in schema.RUN if s.base == "time")
 REQUEST_COLUMNS = ("mode", "rate", "concurrency", "trial", "index", "send_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
-                   "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch")
+                   "output_tokens", "requested_output_tokens", "success", "error", "osl_mismatch",
+                   "requested_input_tokens", "prompt_tokens", "cached_tokens", "session", "turn")
 CHANGE_POINT_COLUMNS = ("id", "fingerprint", "branch", "metric", "mode", "rate", "concurrency", "run_id", "commit", "detected_at",
                         "mean_before", "mean_after", "rel_change", "p_value")
 
@@ -65,7 +66,8 @@ class FramesMixin:
                 row.mode or "closed", row.rate, row.concurrency, row.trial, rec.index, (rec.send_ns - t0) / 1e9,
                 None if rec.end_ns is None else (rec.end_ns - t0) / 1e9,
                 m["ttft_ms"], m["tpot_ms"], m["e2el_ms"], rec.output_tokens, rec.requested_output_tokens,
-                rec.success, rec.error, rec.osl_mismatch,
+                rec.success, rec.error, rec.osl_mismatch, rec.requested_input_tokens, rec.prompt_tokens,
+                rec.cached_tokens, rec.session, rec.turn,
             ))
         return pd.DataFrame(out, columns=list(REQUEST_COLUMNS))
 

@@ -375,7 +375,7 @@ def _row_record(r: Request) -> RequestRecord:
         requested_output_tokens=r.requested_output_tokens, send_ns=r.send_ns,
         token_ns=decode_stamps(r.send_ns, r.token_deltas), end_ns=r.end_ns, prompt_tokens=r.prompt_tokens,
         output_tokens=r.output_tokens, success=r.success, error=r.error, mode=r.mode or "closed", rate=r.rate,
-        intended_ns=r.intended_ns, queue_ns=r.queue_ns,
+        intended_ns=r.intended_ns, queue_ns=r.queue_ns, cached_tokens=r.cached_tokens, session=r.session, turn=r.turn,
     )
 
 

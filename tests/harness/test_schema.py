@@ -97,7 +97,7 @@ def test_fingerprint_fields_hash_as_the_committed_fixtures_recorded():
         assert fingerprint(run) == run["fingerprint"]
     assert schema.FINGERPRINT_FIELDS == ("engine", "engine_version", "engine_flags", "model", "precision",
                                          "hardware", "num_gpus", "tp", "workload", "isl", "osl", "range_ratio",
-                                         "arrival")
+                                         "workload_def", "arrival")
 
 
 def test_show_prints_the_catalogue_table_metrics_and_labelled_level_fields(url, capsys):
@@ -196,3 +196,14 @@ def test_errors_still_name_the_field_by_its_path():
     doc["points"][0]["max_runing"] = 3
     with pytest.raises(UserError, match=r"^points\[0\]\.max_runing: unknown field"):
         runjson.validate_doc(doc)
+
+
+def test_workload_definition_enters_the_fingerprint_only_when_set():
+    """A run of random fixed-length prompts keeps the fingerprint it had before workload_def existed; a
+    definition (dataset, prefix, seed) makes runs with different definitions incomparable."""
+    base = {"engine": "vllm", "model": "m", "num_gpus": 1, "workload": "w", "isl": 8, "osl": 4, "range_ratio": 1.0}
+    old = dict(base)
+    assert fingerprint({**base, "workload_def": None}) == fingerprint(old)
+    a = fingerprint({**base, "workload_def": {"prefix_len": 4, "seed": 0}})
+    b = fingerprint({**base, "workload_def": {"prefix_len": 4, "seed": 1}})
+    assert len({a, b, fingerprint(old)}) == 3

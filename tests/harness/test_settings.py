@@ -55,6 +55,9 @@ def test_every_declared_setting_is_a_flag_of_each_command_that_takes_it(command:
     assert all(s.flag in help_text for s in SETTINGS if command in s.commands)
 
 
+WORKLOAD_ATTR = {"workload": "name", "trace": "path"}  # where a workload setting lands in the Workload
+
+
 @pytest.mark.parametrize("s", [s for s in SETTINGS if s.example is not None or s.kind is bool], ids=lambda s: s.name)
 def test_a_flag_lands_in_the_config(s: settings.Setting) -> None:
     """From the command line to the SweepConfig, for every command that takes the setting."""
@@ -64,7 +67,7 @@ def test_a_flag_lands_in_the_config(s: settings.Setting) -> None:
         cfg = SweepConfig.from_settings(given)
         expected = True if s.kind is bool else s.parse(s.example, s.flag)
         if s.name in settings.WORKLOAD_KEYS:
-            assert getattr(cfg.workload, s.name if s.name != "workload" else "name") == expected
+            assert getattr(cfg.workload, WORKLOAD_ATTR.get(s.name, s.name)) == expected
         else:
             assert settings._read(cfg, s) == expected, (command, s.name)
             assert settings._read(SweepConfig.from_settings({}), s) != expected  # the flag, not the default, put it there
@@ -81,7 +84,7 @@ def test_every_suite_key_is_accepted_and_lands_in_the_job_config(tmp_path: Path,
     cfg = job_config(suite, job)
     expected = s.parse(s.example, s.name)
     if s.name in settings.WORKLOAD_KEYS:
-        assert getattr(cfg.workload, s.name if s.name != "workload" else "name") == expected
+        assert getattr(cfg.workload, WORKLOAD_ATTR.get(s.name, s.name)) == expected
     else:
         assert settings._read(cfg, s) == expected
 

@@ -4,7 +4,7 @@ and server TTFT) and speculative decoding's acceptance length and draft acceptan
 Plain ADD COLUMNs (nullable, no default): no table rebuild on SQLite. NULL for levels written before.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
