@@ -127,6 +127,8 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
             profiled[kind] = True
         else:
             t, ev, updated = body()
+        if ev:  # sampling waits for the logits, not for the stream the end event was recorded on
+            ev[1].synchronize()
         for seq in updated:
             token_times[seq.seq_id].append(t[-1])
             if seq.is_finished:

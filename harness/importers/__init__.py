@@ -1,4 +1,4 @@
-"""Other tools' result files as k2bench.run/2 documents, so their numbers join the history.
+"""Other tools' result files as k2bench.run/3 documents, so their numbers join the history.
 
 Each importer maps one file to a ``Level``: the run fields it can state and one point. Levels whose
 run fields agree (same configuration) become one run, one point per concurrency, and go through the
@@ -94,7 +94,7 @@ def _module(source: str):
 
 
 def to_documents(source: str, paths: list[str | Path], opts: ImportOptions) -> list[dict]:
-    """k2bench.run/2 documents (validated) for the files: one run per configuration."""
+    """k2bench.run/3 documents (validated) for the files: one run per configuration."""
     module = _module(source)
     levels: list[Level] = [module.read(Path(p), opts) for p in paths]
     groups: dict[str, list[Level]] = {}

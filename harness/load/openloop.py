@@ -86,8 +86,9 @@ async def send_on_schedule(session: aiohttp.ClientSession, url: str, work: Seque
         while wait > STOP_POLL_NS and watch.stopped is None:  # a long gap: still see a stop within STOP_POLL_S
             await asyncio.sleep((wait - STOP_POLL_NS) / 1e9 if wait < 2 * STOP_POLL_NS else STOP_POLL_S)
             wait = intended - now()
-        if wait > 0 and watch.stopped is None:
+        while wait > 0 and watch.stopped is None:  # uvloop's millisecond timers may wake a little early
             await asyncio.sleep(wait / 1e9)
+            wait = intended - now()
         if slots is not None:
             # held from its intended time when it fell due while the dispatcher waited on the cap
             held_from = intended if intended < cap_free_at else now()

@@ -29,7 +29,7 @@ __all__ = ["build_doc", "format_time", "load_doc", "parse_time", "schema_name", 
 
 
 def schema_name() -> str:
-    """The "schema" value this k2bench writes, e.g. k2bench.run/2."""
+    """The "schema" value this k2bench writes, e.g. k2bench.run/3."""
     return f"{schema.SCHEMA_PREFIX}{schema.SCHEMA_VERSION}"
 
 

@@ -37,7 +37,7 @@ from k2bench.errors import UserError
 from k2bench.harness.measure.catalogue import INTERACTIVITY_KEYS, SPLIT_KEYS, STAT_KEYS, stat_column
 
 SCHEMA_PREFIX = "k2bench.run/"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def update_to_2(doc: dict) -> dict:
@@ -55,8 +55,20 @@ def update_to_2(doc: dict) -> dict:
     return doc
 
 
+def update_to_3(doc: dict) -> dict:
+    """Version 3 adds, all optional: open-loop rate levels (a level's ``mode`` and ``rate``, ``inf`` as a
+    string; a level without them is a closed loop, as every version-2 level is) with their send lag, queue
+    time and achieved rate, and each request's ``intended_ns``/``queue_ns``; the run's ``arrival``,
+    ``workload_def``, ``slo`` and ``profile``; a level's SLO attainment and goodput, prefix-cache hit rate,
+    per-turn figures, the server's time split and speculative acceptance, the client's own load and the
+    steady state; a request's ``cached_tokens``, ``session`` and ``turn``. Nothing of version 2 changes
+    meaning, so the upgrade changes nothing; the number tells an older k2bench that it cannot read the
+    document rather than letting it refuse an unknown field."""
+    return doc
+
+
 # UPGRADES[n] turns a version-n document into version n + 1.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: update_to_2, 2: update_to_3}
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 NUMERIC_KINDS = ("int", "pos_int", "nonneg_int", "float", "ratio")

@@ -96,7 +96,7 @@ def test_show_and_export_carry_the_evals(tmp_path, capsys):
     out = tmp_path / "back.json"
     assert main(["export", "1", "--db", url, "--json", str(out)]) == 0
     back = json.loads(out.read_text())
-    assert back["schema"] == "k2bench.run/2" and back["evals"] == [_eval(400)]
+    assert back["schema"] == "k2bench.run/3" and back["evals"] == [_eval(400)]
 
 
 def test_version_1_documents_import_with_no_evals_and_bad_evals_are_named(tmp_path, capsys):

@@ -238,7 +238,7 @@ def test_a_version_1_file_imports_with_validity_from_its_failures(tmp_path, caps
                               warmup=0, db=db, json_path=str(tmp_path / "v2.json"),
                               rules=ValidityRules(max_failure_rate=0.5)))
     doc = json.loads((tmp_path / "v2.json").read_text())
-    assert doc["schema"] == "k2bench.run/2" and [p["failed"] for p in doc["points"]] == [0, 1]
+    assert doc["schema"] == "k2bench.run/3" and [p["failed"] for p in doc["points"]] == [0, 1]
     doc["schema"] = "k2bench.run/1"
     for p in doc["points"]:
         del p["valid"], p["invalid_reason"]
