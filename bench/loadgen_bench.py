@@ -20,6 +20,10 @@ Further modes (``--mode``):
   part of the per-token cost that is k2bench's own code rather than aiohttp's and the event loop's.
 - ``reruns``: five reruns of one level (concurrency 64, 2 ms gap, 512 tokens); the run-to-run spread
   (coefficient of variation) of steady-state throughput against whole-level throughput.
+- ``rate``: Poisson arrivals at 50, 200 and 1,000 requests/s (open loop, seconds ``--rate-seconds``
+  each, 16 output tokens per request at a 5 ms gap) against one test server: the schedule's rate, the
+  rate achieved, the send lag p50/p99 (actual - intended send) and the CPU the client used (user +
+  system of this process over the level, as a fraction of one core).
 - ``procs``: 1, 2, 4, 8 client processes (``--client-procs``) at concurrency 1,024, 1k in / 1k out, a
   10 ms gap (102k tokens/s asked for), against several test-server processes sharing one port
   (``--reuse-port``), each recording its streams (``--record``): tokens/s carried, the client's own
@@ -30,6 +34,7 @@ Further modes (``--mode``):
     python bench/loadgen_bench.py --quick --out /tmp/lg.json
     python bench/loadgen_bench.py --mode reruns --out /tmp/reruns.json
     python bench/loadgen_bench.py --mode procs --servers 8 --out $OUT/procs.json
+    python bench/loadgen_bench.py --mode rate --out /tmp/rate.json
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from k2bench.harness.load import openloop, schedule
 from k2bench.harness.load.loadgen import LevelSpec, event_loop_name, run, run_level
 from k2bench.harness.load.procs import run_level_procs
 from k2bench.harness.load.selfmeasure import SelfMeter, combine
@@ -165,6 +171,36 @@ def run_reruns(n: int, conc: int, itl_ms: float, osl: int, waves: int, core: int
             "steady_spread_over_whole": _cv(steady) / _cv(whole)}
 
 
+def run_rates(rates: list[float], seconds: float, core: int | None) -> list[dict]:
+    """Open-loop Poisson levels against one test server (TTFT 20 ms, 16 tokens 5 ms apart): how well the
+    client keeps the schedule, and at what CPU."""
+    rows = []
+    for rate in rates:
+        port = free_port()
+        server = _start_server(port, 20.0, 5.0, core)
+        try:
+            offsets = schedule.arrival_offsets(None, rate, 1.0, seed=7, duration_s=seconds)
+            prompts = [Prompt(input_len=32, output_len=16, token_ids=[(i + j) % 30000 for j in range(32)])
+                       for i in range(64)]
+            spec = LevelSpec(base_url=f"http://127.0.0.1:{port}", model="k2bench-test",
+                             concurrency=len(offsets), num_prompts=len(offsets), num_warmup=0, timeout_s=120)
+            cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            records = run(openloop.run_rate_level(spec, prompts, offsets, rate, 0))
+            cpu1, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - wall0
+        finally:
+            server.kill()
+            server.wait()
+        fig = openloop.level_figures(records, rate)
+        cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+        rows.append({"rate": rate, "requests": len(records), "failed": sum(not r.success for r in records),
+                     "scheduled_rate": openloop.scheduled_rate(records), "achieved_rate": fig["achieved_rate"],
+                     "send_lag_p50_ms": fig["send_lag_p50_ms"], "send_lag_p99_ms": fig["send_lag_p99_ms"],
+                     "client_cpu_s": round(cpu_s, 3), "wall_s": round(wall, 3),
+                     "client_cpu_cores": round(cpu_s / wall, 3)})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def _start_servers(count: int, cores: list[int], itl_ms: float, folder: Path) -> tuple[int, list]:
     port = free_port()
     servers = [_start_server(port, 50.0, itl_ms, cores[i % len(cores)] if cores else None, "--reuse-port",
@@ -280,7 +316,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter streams, for a smoke run")
     ap.add_argument("--waves", type=int, default=2, help="measured requests = waves x concurrency")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server and client to cores")
-    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs"), default="accuracy")
+    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs", "rate"), default="accuracy")
+    ap.add_argument("--rate-seconds", type=float, default=5.0, help="rate mode: seconds of arrivals per rate")
     ap.add_argument("--reruns", type=int, default=5)
     ap.add_argument("--servers", type=int, default=8, help="procs mode: test-server processes sharing the port")
     args = ap.parse_args()
@@ -295,6 +332,15 @@ def main() -> None:
         rows = run_hotpath()
         print(_table(("step", "client CPU us/message"), [(r["step"], f"{r['us_per_message']:.2f}") for r in rows]))
         _write(args.out, {"bench": "loadgen-hotpath", "machine": _machine(pin), "rows": rows})
+        return
+    if args.mode == "rate":
+        rows = run_rates([50.0, 200.0, 1000.0], 2.0 if args.quick else args.rate_seconds, cores[0] if pin else None)
+        print(_table(("rate asked /s", "requests", "failed", "schedule's rate /s", "achieved /s", "send lag p50 ms",
+                      "send lag p99 ms", "client CPU (cores)"),
+                     [(f"{r['rate']:g}", r["requests"], r["failed"], f"{r['scheduled_rate']:.1f}",
+                       f"{r['achieved_rate']:.1f}", f"{r['send_lag_p50_ms']:.2f}", f"{r['send_lag_p99_ms']:.2f}",
+                       f"{r['client_cpu_cores']:.2f}") for r in rows]))
+        _write(args.out, {"bench": "loadgen-rate", "machine": _machine(pin), "rows": rows})
         return
     if args.mode == "reruns":
         res = run_reruns(args.reruns, 64, 2.0, 128 if args.quick else 512, args.waves, cores[0] if pin else None)

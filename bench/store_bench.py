@@ -3,7 +3,7 @@
 A synthetic level shaped like the reference target's heaviest one (concurrency 128:
 1,280 measured + 256 warmup requests x 1,024 output tokens, 20 ms gaps with jitter) is
 summarised and committed to a fresh SQLite database; then read back as records, as a
-requests DataFrame, and exported as k2bench.run/2 JSON with --requests.
+requests DataFrame, and exported as k2bench.run/3 JSON with --requests.
 
     python bench/store_bench.py                      # table + results/bench/store_bench.json
     python bench/store_bench.py --requests 320 --out /tmp/sb.json

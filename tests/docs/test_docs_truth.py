@@ -201,7 +201,7 @@ def test_docs_name_only_what_exists() -> None:
 
 @pytest.mark.parametrize("where,text,word", [
     ("README.md", "`k2bench export` / `import` move runs as `k2bench.run/1` JSON.", "k2bench.run/1"),
-    ("README.md", "format: `k2bench.run/3`", "k2bench.run/3"),
+    ("README.md", "format: `k2bench.run/4`", "k2bench.run/4"),
     ("harness/x.py", "Definitions (see DESIGN.md \"Metric definitions\")", "DESIGN.md"),
     ("docs/x.md", "the rules in `STYLE.md`", "STYLE.md"),
     ("README.md", "<!-- tests/docs/test_readme_quickstart.py runs these -->", "test_readme_quickstart.py"),
