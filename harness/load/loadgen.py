@@ -328,6 +328,23 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
     return rec
 
 
+async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord, timeout_s: float,
+                   watch: LevelWatch, on_done: Callable[[RequestRecord], None] | None = None,
+                   text: list[str] | None = None) -> None:
+    """One request of a level, whichever loop sends it: streamed into ``rec``; a stop that cuts it off
+    in flight fails it with the reason; once it has ended, ``watch`` counts it and ``on_done`` gets it."""
+    try:
+        await stream_one(session, url, body, rec, timeout_s, text)
+    except asyncio.CancelledError:
+        if watch.stopped is not None:
+            rec.end_ns, rec.success = time.monotonic_ns(), False
+            rec.error = f"stopped in flight: {watch.stopped}"[:ERRORS_KEPT]
+        raise
+    watch.finished(rec)
+    if on_done is not None:
+        on_done(rec)
+
+
 def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failure: str | None) -> None:
     """Fill ``rec`` from already split (stamp, SSE message) pairs (what stream_one does on the fly)."""
     state = _Stream(rec.token_ns)
@@ -345,16 +362,7 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[
         for body, rec in queue:  # the shared iterator hands each request to exactly one worker
             if watch.stopped is not None:
                 return  # this one is never sent (send_ns stays 0)
-            try:
-                await stream_one(session, url, body, rec, timeout_s)
-            except asyncio.CancelledError:
-                if watch.stopped is not None:  # cut off in flight by a stop: failed, with the reason
-                    rec.end_ns, rec.success = time.monotonic_ns(), False
-                    rec.error = f"stopped in flight: {watch.stopped}"[:ERRORS_KEPT]
-                raise
-            watch.finished(rec)
-            if on_done is not None:
-                on_done(rec)
+            await send_one(session, url, body, rec, timeout_s, watch, on_done)
 
     watch._tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(work)))]
     results = await asyncio.gather(*watch._tasks, return_exceptions=True)

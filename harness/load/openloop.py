@@ -23,13 +23,13 @@ import aiohttp
 import numpy as np
 
 from k2bench.errors import ServerError
-from k2bench.harness.load.level_watch import ERRORS_KEPT, STOP_POLL_S, LevelWatch
+from k2bench.harness.load.level_watch import STOP_POLL_S, LevelWatch
 from k2bench.harness.load.loadgen import (
     LevelSpec,
     level_url,
     make_session,
     request_body,
-    stream_one,
+    send_one,
     with_endpoint,
 )
 from k2bench.harness.load.records import RequestRecord
@@ -64,18 +64,10 @@ async def send_on_schedule(session: aiohttp.ClientSession, url: str, work: Seque
 
     async def one(body: bytes, rec: RequestRecord) -> None:
         try:
-            await stream_one(session, url, body, rec, timeout_s)
-        except asyncio.CancelledError:
-            if watch.stopped is not None:
-                rec.end_ns, rec.success = now(), False
-                rec.error = f"stopped in flight: {watch.stopped}"[:ERRORS_KEPT]
-            raise
+            await send_one(session, url, body, rec, timeout_s, watch, on_done)
         finally:
             if slots is not None:
                 slots.release()
-        watch.finished(rec)
-        if on_done is not None:
-            on_done(rec)
 
     measured_started = False
     cap_free_at = 0  # when the dispatcher last got a slot after waiting for one

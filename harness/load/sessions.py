@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from k2bench.errors import ServerError
-from k2bench.harness.load.level_watch import ERRORS_KEPT, LevelWatch
-from k2bench.harness.load.loadgen import CHAT, LevelSpec, make_session, request_body, stream_one
+from k2bench.harness.load.level_watch import LevelWatch
+from k2bench.harness.load.loadgen import CHAT, LevelSpec, make_session, request_body, send_one
 from k2bench.harness.load.records import RequestRecord
 from k2bench.net import normalize_base_url
 from k2bench.workloads.build import Session
@@ -48,16 +48,7 @@ async def run_sessions(spec: LevelSpec, sessions: Sequence[Session], num_warmup:
             answer: list[str] = []
             body = request_body(spec.model, Prompt(input_len=ilen, output_len=olen, text=user, chat=True),
                                 spec.extra_body, messages=history)
-            try:
-                await stream_one(http, url, body, rec, spec.timeout_s, answer)
-            except asyncio.CancelledError:
-                if watch.stopped is not None:
-                    rec.end_ns, rec.success = time.monotonic_ns(), False
-                    rec.error = f"stopped in flight: {watch.stopped}"[:ERRORS_KEPT]
-                raise
-            watch.finished(rec)
-            if on_done is not None:
-                on_done(rec)
+            await send_one(http, url, body, rec, spec.timeout_s, watch, on_done, answer)
             if not rec.success:
                 return  # a conversation cannot go on without the answer it builds on
             history.append({"role": "assistant", "content": "".join(answer)})
