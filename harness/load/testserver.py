@@ -22,26 +22,11 @@ So a closed loop of C <= K requests in flight sees TPOT = (itl_ms + itl_slope_ms
 
     python -m k2bench.harness.load.testserver --port 8000 --ttft-ms 200 --itl-ms 20
 
-With ``--queue-ms Q`` each request first waits Q ms as if queued, then its TTFT clock starts
-(the first token leaves Q + ttft_ms + prefill after arrival). With ``--metrics`` it serves /metrics
-with vLLM's per-request phase histograms (queue, prefill, decode, inference), observed from its own
-stamps just before each stream's usage and [DONE] go out, in buckets 2% wide, so a histogram read of
-them can be checked against the streams' records (``/stats?streams=1``). ``--spec-tokens K
---spec-accept-len L`` adds vLLM's spec_decode counters as a speculating server would count a stream of
-n tokens: its n - 1 tokens after the first in ceil((n - 1) / L) steps (drafts) of K draft tokens each,
-every step's last token the target model's own (accepted = n - 1 - drafts).
-
-Its tokenizer is word-level: token id ``i`` is the word ``t<i>``; other words hash to an id. A chat
-request's prompt is the tokens of its messages' contents, one after the other.
-
-``--prefix-cache-blocks N`` turns on a model of automatic prefix caching: prompts are cut into blocks of
-``--cache-block-size`` tokens, each keyed by a hash chained over its tokens and every block before it; a
-request's cached tokens are its leading blocks already held (at most the prompt less one token, as vLLM
-reports them), counted from arrival; the cache keeps the N most recently used blocks. It reports
-``usage.prompt_tokens_details.cached_tokens`` and, on ``/metrics``, the counters
-``k2bench_prefix_cache_queries_total`` and ``k2bench_prefix_cache_hits_total`` (prompt tokens looked up and
-found), and prefill time is charged for uncached tokens only. ``--keep-prompts`` keeps each request's
-prompt (``GET /received``), so tests can read what a client sent.
+With ``--queue-ms Q`` each request first waits Q ms as if queued, then its TTFT clock starts; with
+``--metrics`` it serves vLLM's phase histograms and, with ``--spec-tokens``, speculative-decoding
+counters; ``--prefix-cache-blocks N`` models automatic prefix caching; its tokenizer is word-level. What
+those models count is in k2bench.harness.load.testserver_models. ``--keep-prompts`` keeps each
+request's prompt (``GET /received``), so tests can read what a client sent.
 """
 
 from __future__ import annotations
@@ -50,19 +35,24 @@ import argparse
 import asyncio
 import collections
 import json
-import math
 import os
 import signal
 import time
-import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-VOCAB_SIZE = 32000
+from k2bench.harness.load.testserver_models import (  # noqa: F401  (VOCAB_SIZE, StreamRecord: importers' names)
+    VOCAB_SIZE,
+    PhaseMetrics,
+    PrefixCache,
+    StreamRecord,
+    chat_ids,
+    detokenize,
+    prompt_ids,
+    tokenize,
+)
 
 # When the last bytes of each connection's current request came off the socket. Deadlines are
 # counted from there rather than from when the handler started, so a burst of requests that
@@ -123,121 +113,6 @@ class ServerConfig:
     keep_prompts: bool = False  # keep every request's prompt for GET /received
 
 
-class StreamRecord(NamedTuple):
-    """What one completed stream did, timed at the server (time.monotonic seconds)."""
-
-    number: int  # the request's number, from 1 in arrival order
-    arrived: float
-    first_sent: float
-    last_sent: float
-    messages: int
-    tokens: int
-    prompt_tokens: int
-    scheduled: float = 0.0  # when its queue waits ended (admitted + queue_ms)
-    admitted: float = 0.0  # when it left the --max-running queue (== arrived when it did not wait)
-    running: int = 0  # streams running when it was admitted, itself included
-    first_due: float = 0.0  # the load model's deadline of the first message (sent at or after it)
-    last_due: float = 0.0  # and of the last: the schedule without the server's own lateness
-
-
-# 0.5 ms to about 2 minutes, each bucket 2% wider than the one before: a quantile read from them is
-# off by at most 2% of its value
-_BUCKETS = tuple(round(0.0005 * 1.02 ** i, 9) for i in range(630))
-PHASES = {"queue": "request_queue_time_seconds", "prefill": "request_prefill_time_seconds",
-          "decode": "request_decode_time_seconds", "inference": "request_inference_time_seconds"}
-
-
-class _PhaseMetrics:
-    """vLLM's phase histograms in a registry of this server's own."""
-
-    def __init__(self, spec_tokens: int = 0, spec_accept_len: float = 0.0) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
-
-        self.registry = CollectorRegistry()
-        self.hists = {phase: Histogram("vllm:" + name, f"{phase} time of a request", buckets=_BUCKETS,
-                                       registry=self.registry) for phase, name in PHASES.items()}
-        self.spec_tokens, self.spec_accept_len = spec_tokens, spec_accept_len
-        self.spec = {name: Counter("vllm:spec_decode_" + name, f"speculative decoding: {name}", registry=self.registry)
-                     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")} if spec_tokens else {}
-
-    def observe(self, rec: StreamRecord) -> None:
-        self.hists["queue"].observe(rec.scheduled - rec.arrived)
-        self.hists["prefill"].observe(rec.first_sent - rec.scheduled)
-        self.hists["decode"].observe(rec.last_sent - rec.first_sent)
-        self.hists["inference"].observe(rec.last_sent - rec.scheduled)
-        if self.spec and rec.tokens > 1:
-            steps = math.ceil((rec.tokens - 1) / self.spec_accept_len)
-            self.spec["num_drafts"].inc(steps)
-            self.spec["num_draft_tokens"].inc(steps * self.spec_tokens)
-            self.spec["num_accepted_tokens"].inc(rec.tokens - 1 - steps)
-
-    def exposition(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)
-
-
-def _tokenize(text: str) -> list[int]:
-    ids = []
-    for word in text.split():
-        if word[:1] == "t" and word[1:].isdigit():
-            ids.append(int(word[1:]) % VOCAB_SIZE)
-        else:
-            ids.append(zlib.crc32(word.encode()) % VOCAB_SIZE)
-    return ids
-
-
-def _detokenize(ids: list[int]) -> str:
-    return " ".join(f"t{int(i)}" for i in ids)
-
-
-def _prompt_ids(prompt: object) -> list[int]:
-    if isinstance(prompt, str):
-        return _tokenize(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
-        return _prompt_ids(prompt[0])
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    raise ValueError("prompt must be a string, a list of token ids, or a one-element batch of either")
-
-
-class PrefixCache:
-    """Full blocks keyed by a hash chained over their tokens and their prefix, least recently used out."""
-
-    def __init__(self, blocks: int, block_size: int) -> None:
-        self.capacity, self.size = blocks, block_size
-        self.held: OrderedDict[int, None] = OrderedDict()
-        self.queries = self.hits = 0
-
-    def lookup_and_insert(self, ids: list[int]) -> int:
-        """Tokens of ``ids`` found cached (whole leading blocks, at most len - 1); then every full block is held."""
-        keys, h = [], 0
-        for start in range(0, len(ids) - self.size + 1, self.size):
-            h = hash((h, tuple(ids[start:start + self.size])))
-            keys.append(h)
-        hit = 0
-        for key in keys:
-            if key not in self.held:
-                break
-            hit += 1
-        cached = min(hit * self.size, max(len(ids) - 1, 0))
-        for key in keys:
-            self.held[key] = None
-            self.held.move_to_end(key)
-        while len(self.held) > self.capacity:
-            self.held.popitem(last=False)
-        self.queries += len(ids)
-        self.hits += cached
-        return cached
-
-
-def _chat_ids(messages: object) -> list[int]:
-    if not (isinstance(messages, list) and messages
-            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)):
-        raise ValueError("messages must be a non-empty list of {role, content} objects")
-    return [t for m in messages for t in _tokenize(m["content"])]
-
-
 def _error(status: int, message: str) -> web.Response:
     body = {"object": "error", "message": message, "type": "BadRequestError", "code": status}
     return web.json_response(body, status=status)
@@ -257,7 +132,7 @@ class TestServer:
         self.late_ms: list[float] = []  # how late each message left against its deadline (capped sample)
         # what each completed stream actually did: the truth a client's measurement is checked against
         self.done: list[StreamRecord] = []
-        self.phases = _PhaseMetrics(config.spec_tokens, config.spec_accept_len) if config.metrics else None
+        self.phases = PhaseMetrics(config.spec_tokens, config.spec_accept_len) if config.metrics else None
         self.cache = PrefixCache(config.prefix_cache_blocks, config.cache_block_size) \
             if config.prefix_cache_blocks else None
         self.received: list[dict] = []  # with keep_prompts: {"number", "prompt" or "messages"} of each request
@@ -269,17 +144,6 @@ class TestServer:
                 ("POST", "/v1/chat/completions"): self.completions, ("GET", "/received"): self.show_received,
                 **({("GET", "/metrics"): self.metrics}
                    if self.phases is not None or (self.cache and self.config.cache_metrics) else {})}
-
-    def _cache_metric_lines(self) -> str:
-        """The prefix-cache model's counters, named as the bundled engine names them."""
-        cache = self.cache
-        lines = []
-        for name, value, what in (("queries", cache.queries, "prompt tokens looked up in the prefix cache"),
-                                  ("hits", cache.hits, "prompt tokens found in the prefix cache")):
-            lines += [f"# HELP k2bench_prefix_cache_{name}_total {what}",
-                      f"# TYPE k2bench_prefix_cache_{name}_total counter",
-                      f"k2bench_prefix_cache_{name}_total {value}"]
-        return "\n".join(lines) + "\n"
 
     async def show_received(self, request: web.BaseRequest) -> web.Response:
         return web.json_response(self.received)
@@ -366,17 +230,17 @@ class TestServer:
         """/metrics: the phase histograms (--metrics) and the prefix-cache model's counters, as configured."""
         body = self.phases.exposition() if self.phases is not None else b""
         if self.cache is not None and self.config.cache_metrics:
-            body += self._cache_metric_lines().encode()
+            body += self.cache.exposition()
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def tokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
-        ids = _prompt_ids(body.get("prompt", ""))
+        ids = prompt_ids(body.get("prompt", ""))
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.config.max_model_len})
 
     async def detokenize(self, request: web.BaseRequest) -> web.Response:
         body = await request.json()
-        return web.json_response({"prompt": _detokenize(body.get("tokens", []))})
+        return web.json_response({"prompt": detokenize(body.get("tokens", []))})
 
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         arrived = _ARRIVED.get(id(request.protocol), time.monotonic())
@@ -393,7 +257,7 @@ class TestServer:
             return _error(cfg.fail_status, f"test server configured to fail request {n}")
         chat = request.path.endswith("/chat/completions")
         try:
-            prompt = _chat_ids(body.get("messages")) if chat else _prompt_ids(body.get("prompt"))
+            prompt = chat_ids(body.get("messages")) if chat else prompt_ids(body.get("prompt"))
         except ValueError as exc:
             return _error(400, str(exc))
         if cfg.keep_prompts and len(self.received) < 100_000:

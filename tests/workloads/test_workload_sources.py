@@ -191,7 +191,7 @@ def test_built_trace_prompts_give_the_implied_hit_rate_in_a_cache_of_trace_block
     """The shipped trace's prompts, in order, through the test server's prefix-cache model: with 512-token
     blocks it finds what the hash ids imply (to 1e-4; it caps a fully cached prompt at length - 1); with
     16-token blocks it also hits inside partial last blocks, so a little more."""
-    from k2bench.harness.load.testserver import PrefixCache
+    from k2bench.harness.load.testserver_models import PrefixCache
 
     w = loader.for_trace(str(TRACE))
     ids = [np.asarray(p.token_ids).tolist() for p in build.trace_prompts(w)]
