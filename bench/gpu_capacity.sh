@@ -18,14 +18,12 @@ START=${START:-8}
 PROBES=${PROBES:-7}
 DEADLINE=${DEADLINE:-330}
 SLO=${SLO:-ttft_ms=2000,tpot_ms=10}
-CKPT=/tmp/k2-width-$LAYERS
 WORK=/tmp/k2bench-capacity
 mkdir -p "$WORK"
 [ -n "${T0:-}" ] || . bench/gpu_setup.sh  # already sourced when called after another gpu_*.sh script
 BEGIN=$(date +%s)
 
-log "capacity: checkpoint kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS" "capacity"
 
 LEFT=$(( DEADLINE - ($(date +%s) - BEGIN) ))
 log "capacity: search at tp 1 for at most ${LEFT}s, SLO $SLO, from concurrency $START, $PROBES probes at most"

@@ -10,7 +10,6 @@ OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-3}
 CONC=${CONC:-4..128}
 DEADLINE=${DEADLINE:-400}
-CKPT=/tmp/k2-width-$LAYERS
 WORK=/tmp/k2bench-card
 mkdir -p "$WORK"
 [ -n "${T0:-}" ] || . bench/gpu_setup.sh  # already sourced when called after another gpu_*.sh script
@@ -19,8 +18,7 @@ START=$(date +%s)
 log "design card: bandwidth"
 BW=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from engine_gpu_bench import copy_bandwidth_gbs as bw; print(bw())")
 log "copy bandwidth $BW GB/s"
-log "design card: checkpoint kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS" "design card"
 
 LEFT=$(( DEADLINE - ($(date +%s) - START) ))
 log "design card: sweep at tp 1 for at most ${LEFT}s, conc $CONC, one wave per level"

@@ -9,7 +9,6 @@ LAYERS=${LAYERS:-2}
 BATCHES=${BATCHES:-4,32,128}
 CTX=${CTX:-8192}
 VARIANTS=${VARIANTS:-torch,triton,triton:graphs}
-CKPT=/tmp/k2-width-$LAYERS
 . bench/gpu_setup.sh
 
 if [ "${TESTS:-1}" = 1 ]; then
@@ -27,8 +26,7 @@ if [ "${PREFILL_BENCH:-1}" = 1 ]; then
   python3 bench/engine_prefill_bench.py --out "$OUT" 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -60
 fi
 
-log "checkpoint: kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS"
 
 log "bench: batches $BATCHES at ctx $CTX, variants $VARIANTS"
 python3 bench/engine_gpu_bench.py --model "$CKPT" --batches "$BATCHES" --ctx "$CTX" --variants "$VARIANTS" \

@@ -8,7 +8,6 @@ OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
 BATCHES=${BATCHES:-4,32,128}
 CTX=${CTX:-8192}
-CKPT=/tmp/k2-width-$LAYERS
 . bench/gpu_setup.sh
 
 if [ "${TESTS:-1}" = 1 ]; then
@@ -20,8 +19,7 @@ fi
 log "mla decode alone: batches $BATCHES at ctx $CTX"
 python3 bench/engine_mla_bench.py --batches "$BATCHES" --ctx "$CTX" $([ "${SWEEP:-0}" = 1 ] && echo --sweep) \
   --out "$OUT" 2>&1 | tee -a "$OUT/run.log" | tail -60
-log "checkpoint: kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS"
 log "host share of a decode step"
 python3 bench/engine_step_cost.py --model "$CKPT" --batches "$BATCHES" --ctx "$CTX" --steps "${STEPS:-30}" --out "$OUT" 2>&1 \
   | tee -a "$OUT/run.log" | grep -v "^ *$" | tail -20

@@ -10,7 +10,6 @@ OUT=${OUT:-/tmp/k2bench-gpu}
 LAYERS=${LAYERS:-2}
 BATCHES=${BATCHES:-4,32,128}
 VARIANTS=${VARIANTS:-torch,triton,triton:graphs,triton:dot_scaled:graphs}
-CKPT=/tmp/k2-width-$LAYERS
 . bench/gpu_setup.sh
 
 if [ "${TESTS:-1}" = 1 ]; then
@@ -25,8 +24,7 @@ python3 bench/engine_moe_gpu_bench.py --tokens "${MOE_TOKENS:-4,32,128,8192}" --
   | tee -a "$OUT/run.log" | grep -v "^ *$" | head -120
 
 [ "${STEP:-1}" = 1 ] || { log "done"; exit 0; }
-log "checkpoint: kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS"
 log "bench: batches $BATCHES, variants $VARIANTS"
 python3 bench/engine_gpu_bench.py --model "$CKPT" --batches "$BATCHES" --variants "$VARIANTS" --prefill 0 \
   --profile --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/run.log" | grep -v "^ *$" | head -80

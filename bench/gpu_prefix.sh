@@ -16,7 +16,6 @@ OSL=${OSL:-256}
 ON_ARGS=${ON_ARGS:---enable-prefix-caching}
 OFF_ARGS=${OFF_ARGS:-}
 DEADLINE=${DEADLINE:-150}  # seconds per sweep
-CKPT=/tmp/k2-width-$LAYERS
 WORK=/tmp/k2bench-prefix
 mkdir -p "$WORK"
 [ -n "${T0:-}" ] || . bench/gpu_setup.sh
@@ -29,8 +28,7 @@ prefix_len = $(( ISL / 2 ))
 prefix_groups = 1
 TOML
 
-log "prefix: checkpoint kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS" "prefix"
 
 for side in off on; do
   if [ "$side" = on ]; then FLAGS=$ON_ARGS; else FLAGS=$OFF_ARGS; fi

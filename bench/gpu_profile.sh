@@ -13,13 +13,11 @@ CONC=${CONC:-16}
 REQUESTS=${REQUESTS:-16}
 ISL=${ISL:-1024}
 OSL=${OSL:-128}
-CKPT=/tmp/k2-width-$LAYERS
 WORK=$(mktemp -d)
 DB="sqlite:///$WORK/k2bench.db"
 . bench/gpu_setup.sh
 
-log "checkpoint: kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS"
 
 sweep() {  # $1: the JSON to write
   (cd "$WORK" && CUDA_VISIBLE_DEVICES=0 timeout --signal=TERM --kill-after=20 300 k2bench sweep --engine bundled \

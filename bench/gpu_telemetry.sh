@@ -11,7 +11,6 @@ LAYERS=${LAYERS:-2}
 CONC=${CONC:-4,16,64}
 ISL=${ISL:-1024}
 OSL=${OSL:-256}
-CKPT=/tmp/k2-width-$LAYERS
 WORK=$(mktemp -d)
 . bench/gpu_setup.sh
 
@@ -21,8 +20,7 @@ timeout 120 python3 -m pytest -q -m gpu tests/harness/telemetry/test_telemetry_p
 tail -5 "$OUT/pytest_telemetry_gpu.log" | tee -a "$OUT/run.log"
 nvidia-smi --query-gpu=index,power.draw,power.limit,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/run.log"
 
-log "checkpoint: kimi-k2-width, $LAYERS layers"
-[ -f "$CKPT/config.json" ] || k2bench engine tiny --preset kimi-k2-width --layers "$LAYERS" --device cuda --out "$CKPT" >>"$OUT/run.log" 2>&1
+width_checkpoint "$LAYERS"
 
 log "sweep: conc $CONC, ISL $ISL, OSL $OSL, telemetry on GPU 0"
 CUDA_VISIBLE_DEVICES=0 timeout --signal=TERM --kill-after=20 420 k2bench sweep --engine bundled --model "$CKPT" \
