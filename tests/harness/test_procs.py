@@ -10,6 +10,8 @@ import signal
 import time
 import urllib.request
 
+import pytest
+
 from k2bench.harness.cli import main
 from k2bench.harness.load.client_size import ClientSizer, auto_procs
 from k2bench.harness.load.level_watch import LevelWatch
@@ -121,16 +123,21 @@ def test_a_killed_worker_fails_the_level_with_the_reason(tmp_path):
     assert len([r for r in records if not r.warmup]) < 40
 
 
-def test_sweep_with_client_procs(tmp_path):
+@pytest.mark.parametrize("level, mode, completed", [
+    (["--conc", "4", "--osl", "32", "--num-prompts", "8"], "closed", 8),
+    (["--rate", "20", "--osl", "8", "--num-prompts", "20"], "rate", 20),
+], ids=["closed", "rate"])
+def test_sweep_with_client_procs(tmp_path, level, mode, completed):
     out = tmp_path / "run.json"
-    with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "5") as url:
-        code = main(["sweep", "--url", url, "--isl", "16", "--osl", "32", "--conc", "4", "--num-prompts", "8",
-                     "--warmup", "4", "--gpus", "1", "--db", f"sqlite:///{tmp_path}/k.db", "--json", str(out),
-                     "--no-telemetry", "--client-procs", "2", "--max-loop-lag-ms", "1000"])
+    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "2") as url:
+        code = main(["sweep", "--url", url, "--isl", "16", *level, "--warmup", "4", "--gpus", "1",
+                     "--db", f"sqlite:///{tmp_path}/k.db", "--json", str(out), "--no-telemetry",
+                     "--client-procs", "2", "--max-loop-lag-ms", "1000"])
     point = json.loads(out.read_text())["points"][0]
     assert code == 0, point.get("invalid_reason")
+    assert point["mode"] == mode and point["completed"] == completed
     assert point["client"]["processes"] == 2 and len(point["client"]["per_process"]) == 2
-    assert point["completed"] == 8 and point["client"]["us_per_message"] > 0
+    assert point["client"]["us_per_message"] > 0
 
 
 def test_schedule_split_is_round_robin_and_complete():
@@ -165,12 +172,3 @@ def test_rate_level_split_keeps_one_schedule(tmp_path):
     assert figures["send_lag_p50_ms"] is not None
 
 
-def test_sweep_rate_levels_with_client_procs(tmp_path):
-    out = tmp_path / "run.json"
-    with serving(tmp_path, "--ttft-ms", "5", "--itl-ms", "2") as url:
-        code = main(["sweep", "--url", url, "--isl", "16", "--osl", "8", "--rate", "20", "--num-prompts", "20",
-                     "--warmup", "4", "--gpus", "1", "--db", f"sqlite:///{tmp_path}/k.db", "--json", str(out),
-                     "--no-telemetry", "--client-procs", "2", "--max-loop-lag-ms", "1000"])
-    point = json.loads(out.read_text())["points"][0]
-    assert code == 0, point.get("invalid_reason")
-    assert point["mode"] == "rate" and point["client"]["processes"] == 2 and point["completed"] == 20
