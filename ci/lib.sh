@@ -41,7 +41,7 @@ k2_nightly_args() {
       --repo) REPO=$2; shift 2 ;;
       --branch) BRANCH=$2; shift 2 ;;
       --out) OUT=$2; shift 2 ;;
-      -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+      -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the script's header comment
       *) echo "$(basename "$0"): unknown argument $1" >&2; exit 2 ;;
     esac
   done

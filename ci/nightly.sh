@@ -8,7 +8,8 @@
 #
 # usage: ci/nightly.sh [--repo DIR] [--branch main] [--out DIR]
 # environment: K2BENCH_DB, K2BENCH_SWEEP_CMD (default "k2bench sweep"), K2BENCH_SWEEP_ARGS,
-#              K2BENCH_CHANGEPOINT_ARGS (e.g. "--window 50 --pvalue 0.001")
+#              K2BENCH_CHANGEPOINT_ARGS (e.g. "--window 50 --gate-metric +steady_tput_per_gpu"),
+#              K2BENCH_REGRESS_ARGS (the report's, e.g. "--gate-metric +steady_tput_per_gpu")
 set -euo pipefail
 
 # shellcheck source=ci/lib.sh
@@ -23,5 +24,6 @@ k2_sweep "k2bench nightly" "$REPO" "$SHA" "$BRANCH" --json "$OUT/run-${SHA:0:10}
 # shellcheck disable=SC2086
 k2bench changepoints --branch "$BRANCH" --db "$DB" ${K2BENCH_CHANGEPOINT_ARGS:-} | tee "$OUT/changepoints.txt"
 
+# shellcheck disable=SC2086
 k2bench regress --candidate "$SHA" --baseline-mode latest --default-branch "$BRANCH" --db "$DB" \
-  --out "$OUT/nightly.md" || echo "k2bench nightly: no report (see above)"
+  --out "$OUT/nightly.md" ${K2BENCH_REGRESS_ARGS:-} || echo "k2bench nightly: no report (see above)"

@@ -10,7 +10,8 @@
 # kernel-time diff goes into culprits.md and the PR comment, traces and server logs into <out>/logs.
 #
 # usage: ci/nightly_scan.sh [--repo DIR] [--branch main] [--out DIR]
-# environment: K2BENCH_DB, K2BENCH_CHANGEPOINT_ARGS, K2BENCH_BISECT_SERVER_CMD, K2BENCH_BISECT_SETUP,
+# environment: K2BENCH_DB, K2BENCH_CHANGEPOINT_ARGS (e.g. "--gate-metric +steady_tput_per_gpu"; a shift in a
+#              metric scanned this way is bisected on that metric), K2BENCH_BISECT_SERVER_CMD, K2BENCH_BISECT_SETUP,
 #              K2BENCH_BISECT_ARGS (e.g. "--num-prompts 40 --trials 2"), K2BENCH_BISECT_PROFILE (e.g. 4:8),
 #              GH_TOKEN + GITHUB_REPOSITORY
 set -euo pipefail

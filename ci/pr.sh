@@ -18,6 +18,7 @@
 #   K2BENCH_SWEEP_ARGS    e.g. "--engine vllm --model /models/x --tp 4 --conc 4..64"
 #   K2BENCH_BASELINE_SWEEP  auto (sweep the merge-base only when it has no comparable run), always, never
 #   K2BENCH_REGRESS_ARGS  extra arguments for k2bench regress, e.g. "--threshold 3% --threshold ttft_ms_p99=10%"
+#                         or "--gate-metric +steady_tput_per_gpu" (which metrics are judged)
 #   K2BENCH_HEAD_BRANCH   branch name to record for the head (default: current branch, else pr-<N>)
 #   PR_NUMBER, GITHUB_REPOSITORY, GH_TOKEN   where to comment; K2BENCH_NO_COMMENT=1 to skip commenting
 set -euo pipefail
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --pr) PR=$2; shift 2 ;;
     --baseline-dir) BASELINE_DIR=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "ci/pr.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -163,6 +163,13 @@ def default_metrics() -> tuple[str, ...]:
     return tuple(m.column for m in GATE_METRICS)
 
 
+def without_values(points, names) -> list[str]:
+    """The metrics of ``names`` that no counted level of a points_frame-shaped history has a value of."""
+    if "valid" in points.columns:
+        points = points[points["valid"].fillna(False).astype(bool)]
+    return [n for n in names if n not in points.columns or points[n].isna().all()]
+
+
 def history_change_points(points, metrics: tuple[str, ...] | None = None, window: int = DEFAULT_WINDOW,
                           pvalue: float = DEFAULT_PVALUE, min_size: int = DEFAULT_MIN_SIZE) -> list[dict]:
     """Change points of every metric and level (kind and concurrency) in a points_frame-shaped history.

@@ -26,13 +26,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from k2bench.harness.analysis import pareto, stats
-from k2bench.harness.measure.catalogue import GATE_METRICS, Metric, over_trials
+from k2bench.harness.analysis import gate_metrics, pareto, stats
+from k2bench.harness.measure.catalogue import BY_COLUMN, GATE_METRICS, Metric, over_trials
 from k2bench.harness.record.schema import level_label
 
-# The metrics the gate judges, with their direction and per-request sample: see the catalogue.
+# The metrics the gate judges by default, with their direction and per-request sample: see the catalogue.
+# ``RegressConfig.metrics`` chooses others (k2bench.harness.analysis.gate_metrics).
 METRICS: tuple[Metric, ...] = GATE_METRICS
 METRIC_BY_COLUMN = {m.column: m for m in METRICS}
+# the frontier is tok/s/GPU against tok/s/user: judged when both are
+FRONTIER_METRICS = ("tput_per_gpu", "interactivity_median")
 
 
 @dataclass
@@ -45,15 +48,33 @@ class RegressConfig:
     min_history: int = 3  # runs of baseline history needed for the noise test
     min_request_samples: int = 5
     frontier_threshold: float | None = None  # default: the tok/s/GPU threshold
+    metrics: tuple[str, ...] = gate_metrics.DEFAULT  # the metrics judged (catalogue columns)
+    named: tuple[str, ...] = ()  # those the user chose (--gate-metric): reported when they have no data
 
     def threshold_for(self, column: str) -> float:
         return self.thresholds.get(column, self.threshold)
 
+    def judged(self) -> tuple[Metric, ...]:
+        return gate_metrics.metrics_of(self.metrics)
+
+    @property
+    def judges_frontier(self) -> bool:
+        return all(c in self.metrics for c in FRONTIER_METRICS)
+
     def validate(self) -> None:
-        unknown = sorted(set(self.thresholds) - set(METRIC_BY_COLUMN) - {"frontier", "capacity"})
+        unknown = [c for c in (*self.metrics, *self.named) if c not in BY_COLUMN]
         if unknown:
-            raise ValueError(f"unknown metric(s) in thresholds: {', '.join(unknown)}; "
-                             f"known: {', '.join(METRIC_BY_COLUMN)}, frontier, capacity")
+            raise ValueError(f"unknown metric(s) to judge: {', '.join(unknown)}; valid: {gate_metrics.valid_names()}")
+        if not self.metrics:
+            raise ValueError("no metric to judge")
+        judged = [*self.metrics, "frontier", "capacity"]
+        unknown = sorted(set(self.thresholds) - set(BY_COLUMN) - {"frontier", "capacity"})
+        if unknown:
+            raise ValueError(f"unknown metric(s) in thresholds: {', '.join(unknown)}; judged: {', '.join(judged)}")
+        stray = sorted(set(self.thresholds) - set(judged))
+        if stray:
+            raise ValueError(f"threshold for metric(s) the gate does not judge: {', '.join(stray)} (add one with "
+                             f"--gate-metric +{stray[0]}); judged: {', '.join(judged)}")
         for name, value in [("threshold", self.threshold), *self.thresholds.items()]:
             if not 0 < value < 1:
                 raise ValueError(f"threshold {name}={value} must be a fraction between 0 and 1 (0.05 = 5%)")
@@ -161,9 +182,10 @@ def _invalid_levels(cand: pd.DataFrame) -> dict[int, str]:
     return out
 
 
-def per_run(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run_id, concurrency): trials reduced as everywhere (catalogue.over_trials)."""
-    return over_trials(points, [m.column for m in METRICS])
+def per_run(points: pd.DataFrame, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """One row per (run_id, concurrency): trials reduced as everywhere (catalogue.over_trials); ``columns``
+    default to the default gated metrics (the frontier's among them)."""
+    return over_trials(points, columns or [m.column for m in METRICS])
 
 
 def request_samples(requests: pd.DataFrame | None, concurrency: int, rule: str | None) -> np.ndarray | None:
@@ -208,7 +230,9 @@ def _compare_kind(cand: pd.DataFrame, base: pd.DataFrame, hist: pd.DataFrame, ca
     """(verdicts, notes, frontier verdict) of the levels of one kind, keyed by concurrency."""
     invalid = _invalid_levels(cand)
     cand, base, hist = counted(cand), counted(base), counted(hist)
-    c_run, b_run, h_run = per_run(cand), per_run(base), per_run(hist) if len(hist) else None
+    judged = cfg.judged()
+    cols = tuple(dict.fromkeys([*cfg.metrics, *(FRONTIER_METRICS if cfg.judges_frontier else ())]))
+    c_run, b_run, h_run = per_run(cand, cols), per_run(base, cols), per_run(hist, cols) if len(hist) else None
     notes = []
     c_levels, b_levels = set(c_run["concurrency"]), set(b_run["concurrency"])
     for side, only in (("candidate", c_levels - b_levels), ("baseline", b_levels - c_levels)):
@@ -219,16 +243,24 @@ def _compare_kind(cand: pd.DataFrame, base: pd.DataFrame, hist: pd.DataFrame, ca
         notes.append(f"concurrency {conc}: the candidate's level is invalid ({reason}); reported as invalid, "
                      f"never as a regression or an improvement")
         verdicts += [Verdict(m.column, m.label, conc, m.higher_is_better, math.nan, math.nan, math.nan, math.nan,
-                             cfg.threshold_for(m.column), status="invalid") for m in METRICS]
+                             cfg.threshold_for(m.column), status="invalid") for m in judged]
     for conc in sorted(c_levels & b_levels):
-        for m in METRICS:
-            if m.column not in cand.columns or m.column not in base.columns:
+        for m in judged:
+            if _no_data(cand, m.column) and _no_data(base, m.column):
+                # not measured on either side (e.g. J/token without GPU telemetry): not applicable, unless the
+                # user chose the metric, who is told (a "missing" verdict here, a note in compare)
+                if m.column in cfg.named:
+                    verdicts.append(Verdict(m.column, m.short, int(conc), m.higher_is_better, math.nan, math.nan,
+                                            math.nan, math.nan, cfg.threshold_for(m.column), status="missing"))
                 continue
-            if cand[m.column].isna().all() and base[m.column].isna().all():
-                continue  # not measured on either side (e.g. J/token without GPU telemetry): not applicable
             verdicts.append(_verdict(m, int(conc), cand, base, c_run, b_run, h_run, cand_requests,
                                      base_requests, cfg))
-    return verdicts, notes, _frontier_verdict(c_run, b_run, h_run, verdicts, cfg)
+    fv = _frontier_verdict(c_run, b_run, h_run, verdicts, cfg) if cfg.judges_frontier else None
+    return verdicts, notes, fv
+
+
+def _no_data(frame: pd.DataFrame, column: str) -> bool:
+    return column not in frame.columns or bool(frame[column].isna().all())
 
 
 def _kinds(*frames: pd.DataFrame) -> list[tuple[str, float | None]]:
@@ -284,6 +316,10 @@ def compare(cand: pd.DataFrame, base: pd.DataFrame, history: pd.DataFrame | None
     statuses = {v.status for v in verdicts} | ({fv.status} if fv else set())
     overall = ("regression" if "regression" in statuses else
                "improvement" if "improvement" in statuses else "unchanged")
+    for name in cfg.named:
+        if not any(v.metric == name and v.status not in ("missing", "invalid") for v in verdicts):
+            notes.append(f"{name} (chosen with --gate-metric) has no value on both sides at any level they share; "
+                         f"not judged")
     unconfirmed = sum(1 for v in verdicts if v.status == "unconfirmed") + (fv is not None and fv.status == "unconfirmed")
     if unconfirmed:
         k = next(k for k in range(2, 64) if stats.min_mann_whitney_p(k, k) < cfg.alpha)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from k2bench.harness.analysis.mdsafe import md_code, md_text
-from k2bench.harness.analysis.regress import METRICS, RegressResult, Verdict
+from k2bench.harness.analysis.regress import RegressResult, Verdict
+from k2bench.harness.measure.catalogue import CATALOGUE
 
 COMMENT_MARKER = "<!-- k2bench-regress -->"
 MARKS = {"regression": "❌", "improvement": "✅", "noise": "~", "unconfirmed": "?", "unchanged": "",
@@ -161,7 +162,9 @@ def _capacity_section(res: RegressResult) -> list[str]:
 
 
 def _delta_table(res: RegressResult) -> list[str]:
-    metrics = [m for m in METRICS if any(v.metric == m.column for v in res.verdicts)]
+    # the judged metrics (the default gated set, or those --gate-metric chose), in catalogue order
+    judged = {v.metric for v in res.verdicts}
+    metrics = [m for m in CATALOGUE if m.column in judged]
     concs = sorted({(v.mode != "closed", v.rate or 0.0, v.concurrency, _level(v)) for v in res.verdicts})
     by = {(v.metric, _level(v)): v for v in res.verdicts}
     out = ["| conc | " + " | ".join(m.short for m in metrics) + " |",

@@ -33,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "1 when there is none.")
     s.add_argument("--good", help="a commit where the metric is fine")
     s.add_argument("--bad", help="a later commit where it is worse")
-    s.add_argument("--metric", help="catalogue metric, e.g. tput_per_gpu, tpot_ms_median")
+    s.add_argument("--metric", "--gate-metric", dest="metric", metavar="NAME",
+                   help="the metric that decides good from bad: any catalogue metric, e.g. tpot_ms_median, "
+                        "steady_tput_per_gpu (--gate-metric is the same flag, as regress and changepoints spell it; "
+                        "bisect takes exactly one)")
     s.add_argument("--shifts", metavar="BRANCH", default=None,
                    help="instead of --good/--bad/--metric: bisect every stored change point of BRANCH that lies "
                         "between two non-adjacent stored commits (the nightly scan's follow-up); writes one "

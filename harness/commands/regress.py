@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="[METRIC=]FRACTION",
                    help="relative change that matters: 0.05 or 5%% for all, or e.g. ttft_ms_p99=0.1 (repeatable)")
     p.add_argument("--alpha", type=float, default=None, help="significance level, one-sided (default 0.01)")
+    add_gate_metric_arg(p, "judged")
     p.add_argument("--no-requests", action="store_true", help="skip per-request samples (faster on huge runs)")
     p.add_argument("--slo", metavar="NAME=MS,...",
                    help="judge SLO attainment and goodput against this SLO on both sides, computed from the stored "
@@ -48,10 +49,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--fingerprint", default=None, help="one configuration (default: every one on the branch)")
     c.add_argument("--window", type=int, default=None, help="points per window (default 50)")
     c.add_argument("--pvalue", type=float, default=None, help="t-test p-value a change must beat (default 0.001)")
-    c.add_argument("--metric", action="append", default=None, help="metric column (repeatable; default all gated ones)")
+    c.add_argument("--metric", action="append", default=None,
+                   help="catalogue metric to scan (repeatable; the same as a plain --gate-metric NAME)")
+    add_gate_metric_arg(c, "scanned")
     c.add_argument("--no-store", action="store_true", help="list only; do not replace stored change points")
     add_db_arg(c)
     c.set_defaults(handler=_changepoints)
+
+
+def add_gate_metric_arg(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("--gate-metric", action="append", default=None, metavar="[+]NAME[,...]",
+                   help=f"metrics {verb} (repeatable, comma-separated): a plain NAME replaces the default set "
+                        f"(the catalogue's gated metrics), +NAME adds to it; any catalogue metric, e.g. "
+                        f"+steady_tput_per_gpu")
+
+
+def gate_selection(args):
+    """The metrics chosen by --gate-metric (and, for changepoints, --metric: plain names)."""
+    from k2bench.harness.analysis import gate_metrics
+
+    values = [*(getattr(args, "metric", None) or []), *(args.gate_metric or [])]
+    return gate_metrics.parse(values)
 
 
 def parse_thresholds(values: list[str]) -> tuple[float | None, dict[str, float]]:
@@ -75,7 +93,8 @@ def parse_thresholds(values: list[str]) -> tuple[float | None, dict[str, float]]
 def _config(args):
     from k2bench.harness.analysis.regress import RegressConfig
 
-    cfg = RegressConfig()
+    sel = gate_selection(args)
+    cfg = RegressConfig(metrics=sel.metrics, named=sel.named)
     glob, per = parse_thresholds(args.threshold)
     if glob is not None:
         cfg.threshold = glob
@@ -183,7 +202,8 @@ def _changepoints(args) -> int:
     if not fps:
         print(f"no usable runs on branch {args.branch!r}; nothing to scan")
         return 0
-    metrics = tuple(args.metric) if args.metric else None
+    sel = gate_selection(args)
+    metrics = sel.metrics
     for fp in fps:
         ids = [r["id"] for r in runs if r.get("fingerprint") == fp]
         pts = _slo_judged(store, store.points_frame(run_ids=ids), [r for r in runs if r.get("fingerprint") == fp])
@@ -193,7 +213,7 @@ def _changepoints(args) -> int:
             raise UserError(str(exc)) from None
         if not args.no_store:
             writer = writer or _open(args.db)
-            kept = _unscanned_change_points(writer, fp, args.branch, metrics or cp.default_metrics())
+            kept = _unscanned_change_points(writer, fp, args.branch, metrics)
             writer.replace_change_points(fp, args.branch, kept + rows)
         print(f"{_series_name(r for r in runs if r.get('fingerprint') == fp)} (fingerprint {fp[:12]}): "
               f"{len(ids)} run(s), {len(rows)} change point(s)" + _runs_needed(len(ids)))
@@ -201,6 +221,8 @@ def _changepoints(args) -> int:
             print(f"  {r['metric']:<22} conc {r['concurrency']:<5} run #{r['run_id']:<6} "
                   f"{str(r['commit'] or '')[:10]:<10} {r['mean_before']:>12.4g} -> {r['mean_after']:<12.4g} "
                   f"{100 * r['rel_change']:+6.1f}%  p={r['p_value']:.2g}")
+        for name in cp.without_values(pts, sel.named):
+            print(f"  {name:<22} no value in this series (chosen with --gate-metric or --metric); not scanned")
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from k2bench.errors import UserError
-from k2bench.harness.analysis import regress
+from k2bench.harness.analysis import gate_metrics, regress
 from k2bench.harness.history import gitrepo
 from k2bench.harness.history.backfill import CommitBench
 
@@ -66,12 +66,10 @@ class BisectResult:
 class Bisector:
     def __init__(self, bench: CommitBench, metric: str, concurrency: int,
                  config: regress.RegressConfig | None = None, max_remeasure: int = 2) -> None:
-        if metric not in regress.METRIC_BY_COLUMN:
-            raise UserError(f"--metric {metric!r} is not in the catalogue; known: "
-                            f"{', '.join(regress.METRIC_BY_COLUMN)}")
+        chosen = gate_metrics.one(metric)  # any catalogue metric, gated by default or not (steady-state ones)
         if concurrency not in bench.cfg.levels:
             raise UserError(f"--conc {concurrency} is not among the sweep's levels")
-        self.bench, self.metric = bench, regress.METRIC_BY_COLUMN[metric]
+        self.bench, self.metric = bench, chosen
         self.conc, self.max_remeasure = concurrency, max_remeasure
         self.config = config or regress.RegressConfig()
         self._evidence: dict[str, Evidence] = {}
@@ -106,7 +104,7 @@ class Bisector:
             points = points[(points["concurrency"] == self.conc) & (points["mode"] == "closed")]  # bisect: --conc
             samples = [regress.request_samples(_closed(store.requests_frame(rid, self.conc)), self.conc,
                                                self.metric.sample) for rid in run_ids]
-        per_run = regress.per_run(points)[col].dropna().to_numpy(float) if len(points) else np.zeros(0)
+        per_run = regress.per_run(points, (col,))[col].dropna().to_numpy(float) if len(points) else np.zeros(0)
         if not len(per_run):
             raise UserError(f"runs {run_ids} have no {col} at concurrency {self.conc}")
         trials = points[col].dropna().to_numpy(float)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from k2bench.harness.analysis import regress
 from k2bench.harness.history import gitrepo
+from k2bench.harness.measure.catalogue import BY_COLUMN
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def find_shifts(store, repo: Path, branch: str) -> list[Shift]:
     cps = store.change_points_frame(branch=branch)
     found: dict[tuple, Shift] = {}
     for cp in cps.itertuples():
-        if cp.metric not in regress.METRIC_BY_COLUMN or cp.run_id is None or not cp.commit:
+        if cp.metric not in BY_COLUMN or cp.run_id is None or not cp.commit:
             continue
         runs = [r for r in reversed(store.list_runs(fingerprint=cp.fingerprint, branch=branch, status="complete"))]
         ids = [r["id"] for r in runs]

@@ -218,3 +218,16 @@ def test_pr_comment_survives_a_long_paginated_comment_listing(tmp_path):
                          env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "gh.log").read_text().startswith("api -X PATCH repos/o/r/issues/comments/42 ")
+
+
+@pytest.mark.parametrize("workflow,script,variable", [("pr.yml", "ci/pr.sh", "K2BENCH_REGRESS_ARGS"),
+                                                       ("nightly.yml", "ci/nightly_scan.sh", "K2BENCH_CHANGEPOINT_ARGS")])
+def test_gate_arguments_reach_the_scripts_through_env_only(workflow, script, variable):
+    """Which metrics the gate judges (--gate-metric) is a repository variable: the step hands it to the
+    script in its env, and no step's shell text has an expression spliced into it."""
+    doc = _load(workflow)
+    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
+    step = next(s for s in steps if script in s.get("run", ""))
+    assert step["env"][variable] == "${{ vars." + variable + " }}"
+    assert not any("vars." in s.get("run", "") for s in steps)
+    assert f"${{{variable}:-}}" in (ROOT / script).read_text()
