@@ -92,14 +92,14 @@ def _capacity_run(tmp_path, db: str, commit: str, slower: float) -> tuple[int, l
         return store.list_runs(commit=commit)[0]["id"], streams
 
 
-def measured_streams(store: Store, run_id: int, conc: int, streams: list[dict]) -> list[dict]:
-    """The server's records of a probe's measured requests. Levels run one after another and a probe's
-    warmup wave is all sent before its first measured request, so they are the streams that arrived
-    between its first measured send and its last end (both sides stamp CLOCK_MONOTONIC)."""
-    measured = store.load_records(run_id, concurrency=conc)
-    first_ns, last_ns = min(r.send_ns for r in measured), max(r.end_ns or r.send_ns for r in measured)
+def level_streams(store: Store, run_id: int, conc: int, streams: list[dict]) -> list[dict]:
+    """The server's records of a probe's requests, warmup included: levels run one after another, so they
+    are the streams that arrived between the probe's first send and its last end (both sides stamp
+    CLOCK_MONOTONIC); as many as the client sent."""
+    sent = store.load_records(run_id, concurrency=conc, include_warmup=True)
+    first_ns, last_ns = min(r.send_ns for r in sent), max(r.end_ns or r.send_ns for r in sent)
     mine = [s for s in streams if first_ns <= s["arrived"] * 1e9 <= last_ns]
-    assert len(mine) == len(measured), (conc, len(mine), len(measured))
+    assert len(mine) == len(sent), (conc, len(mine), len(sent))
     return mine
 
 
@@ -136,7 +136,7 @@ def checked_capacity(db: str, run_id: int, streams: list[dict]) -> float:
         cap = doc["run"]["extra"]["capacity"]
         points = {p["concurrency"]: p for p in doc["points"]}
         for probe in cap["probes"]:
-            mine = measured_streams(store, run_id, probe["load"], streams)
+            mine = level_streams(store, run_id, probe["load"], streams)
             assert not (probe["meets"] and probe["load"] > hand), probe
             if not probe["meets"] and probe["load"] <= hand:
                 why = late_enough_to_miss(points[probe["load"]], mine)
