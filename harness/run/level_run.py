@@ -10,8 +10,9 @@ has the sweep run them, so every level of either command runs through `LevelRunn
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from k2bench.errors import ServerError, UserError
 from k2bench.harness.load import openloop, procs, procs_rate, schedule, selfmeasure
@@ -32,6 +33,9 @@ from k2bench.workloads.build import level_prompts
 # what the progress display is told when a level starts: (concurrency or rate name, trial, requests in all);
 # it may hand back a hook called with each finished request
 LevelStart = Callable[[int | str, int, int], Callable[[RequestRecord], None] | None]
+# a level ready to send: (its name, requests in flight at most, measured requests planned, the coroutine that
+# sends it and returns (records, the client's self-measurements))
+Prepared = tuple[str, int, int, Coroutine[Any, Any, tuple[list[RequestRecord], list[dict]]]]
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class LevelOutcome:
     server_down: bool  # the server died or stopped answering: no further level can run
 
 
-async def _unmetered(level):
+async def _unmetered(level: Awaitable[list[RequestRecord]]) -> tuple[list[RequestRecord], list[dict]]:
     """(records, no client meters): a level run where the client does not measure itself (conversations)."""
     return await level, []
 
@@ -109,8 +113,8 @@ class LevelRunner:
     def _on_done(self, label: int | str, trial: int, total: int) -> Callable[[RequestRecord], None] | None:
         return self.level_start(label, trial, total) if self.level_start else None
 
-    def _closed(self, lv: Level, watch: LevelWatch):
-        """A closed-loop level: (name, concurrency, measured requests planned, the level to run)."""
+    def _closed(self, lv: Level, watch: LevelWatch) -> Prepared:
+        """A closed-loop level: its prompts (or sessions) over the sweep's server."""
         cfg, w, conc, trial = self.cfg, self.cfg.workload, lv.concurrency, lv.trial
         # one distinct prompt per request, warmup included: a server with prefix caching
         # must not get measured requests it has already seen
@@ -128,8 +132,8 @@ class LevelRunner:
                                        on_window=window)
         return f"concurrency {conc}", conc, work.planned, level
 
-    def _rate(self, lv: Level, watch: LevelWatch):
-        """An open-loop level at a rate (or a trace at its times): as `_closed`."""
+    def _rate(self, lv: Level, watch: LevelWatch) -> Prepared:
+        """An open-loop level: a rate's seeded schedule, or a trace at its own times."""
         cfg, w, rate, trial = self.cfg, self.cfg.workload, lv.rate, lv.trial
         name = f"rate {rate:g}/s"
         if w.source == "trace":
