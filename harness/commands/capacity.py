@@ -59,7 +59,8 @@ def _capacity(args: argparse.Namespace) -> int:
     from k2bench.errors import UserError
     from k2bench.harness.commands.sweep_output import SweepDisplay, report
     from k2bench.harness.run.capacity import prepare, run_capacity
-    from k2bench.harness.run.sweep import EXIT_INVALID, EXIT_OK, LevelEvents, SweepConfig
+    from k2bench.harness.run.config import SweepConfig
+    from k2bench.harness.run.sweep import EXIT_INVALID, EXIT_OK, LevelEvents
 
     search = _search_settings(args)  # bad input is refused before a server starts
     given = settings.from_args(args, settings.CAPACITY)

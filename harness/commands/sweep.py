@@ -52,7 +52,7 @@ def default_evals(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 
 
 def _config(args: argparse.Namespace):
-    from k2bench.harness.run.sweep import SweepConfig
+    from k2bench.harness.run.config import SweepConfig
 
     given = settings.from_args(args, settings.SWEEP)
     cfg = SweepConfig.from_settings(given, db=args.db, command_line=getattr(args, "argv", None))

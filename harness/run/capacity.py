@@ -3,10 +3,11 @@
 A serving team asks "how much load can this build take before users notice?". The answer is a
 boundary on one load axis (requests in flight), found as a root is found on a line: bracket it by
 doubling from a start until a probe misses the target, then bisect the bracket until its ends are
-within a tolerance or the probes are spent. Each probe is one stored level of one run (the sweep's
-level loop, fed one level at a time by `Search`), judged by the SLO attainment the sweep stores with
-it (k2bench.harness.measure.slo: the share of its measured requests that met every bound). Bracketing probes are short; once the boundary is bracketed, probes
-are twice as long, because only there does a verdict decide the answer.
+within a tolerance or the probes are spent. Each probe is one stored level of one run: `Search` feeds
+the sweep one level at a time, and the sweep runs it as it runs any level (`level_run.LevelRunner`).
+A probe is judged by the SLO attainment the sweep stores with it (k2bench.harness.measure.slo: the
+share of its measured requests that met every bound). Bracketing probes are short; once the boundary
+is bracketed, probes are twice as long, because only there does a verdict decide the answer.
 
 The result (capacity, goodput at capacity, the probes on either side with their attainment
 intervals) goes into the run's ``extra.capacity``, where `regress` and the dashboard read it.
@@ -19,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 from k2bench.errors import UserError
 from k2bench.harness.measure import slo as slo_mod
-from k2bench.harness.run.sweep import Level, LevelEvents, SweepConfig, SweepResult, run_sweep
+from k2bench.harness.run.config import SweepConfig
+from k2bench.harness.run.level_run import Level
+from k2bench.harness.run.sweep import LevelEvents, SweepResult, run_sweep
 
 BY = ("concurrency", "rate")  # the load axes a search can walk: requests in flight, requests per second
 DEFAULT_START = {"concurrency": 4, "rate": 1.0}  # the design card's lowest level; one request a second

@@ -13,7 +13,8 @@ from k2bench.errors import UserError
 from k2bench.harness.plan import settings
 from k2bench.harness.plan.suites import Job, Suite
 from k2bench.harness.record.provenance import git_commit
-from k2bench.harness.run.sweep import LevelEvents, SweepConfig, run_sweep
+from k2bench.harness.run.config import SweepConfig
+from k2bench.harness.run.sweep import LevelEvents, run_sweep
 
 SUITE_TAG, JOB_TAG = "suite", "suite_job"
 

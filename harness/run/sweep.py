@@ -1,167 +1,49 @@
 """A sweep: one server (attached or launched), one workload, a level per concurrency (x trials).
 
-cli -> sweep -> (launch, workload, loadgen) -> metrics -> store. This module holds the level loop;
-the server comes from `launch.open_server`, what the run records about its origin from
-`provenance`, the prompts from `k2bench.workloads.prompts`. Each level is summarised and
-committed to the store as soon as it finishes, so Ctrl-C or a crash keeps every finished level
-and the run is marked partial; a run with no finished level is marked failed.
+cli -> sweep -> (launch, workload, loadgen) -> metrics -> store. This module holds the run's flow:
+the config is checked, the server comes from `launch.open_server`, what the run records about its
+origin from `provenance`, a probe sizes the up-front estimate, then each planned level is run by
+`level_run.LevelRunner` (its requests, load, figures and validity) and stored here as soon as it
+finishes, so Ctrl-C or a crash keeps every finished level and the run is marked partial; a run with
+no finished level is marked failed. What a sweep is asked, `SweepConfig`, lives in `run/config.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from k2bench.errors import ServerError, UserError
+from k2bench.errors import UserError
 from k2bench.harness import crash, redact
-from k2bench.harness.load import openloop, procs, procs_rate, schedule, selfmeasure
 from k2bench.harness.load.client_size import ClientSizer
-from k2bench.harness.load.level_watch import LevelWatch
-from k2bench.harness.load.loadgen import LevelSpec, level_failure, run_level
+from k2bench.harness.load.loadgen import LevelSpec, run_level
 from k2bench.harness.load.loadgen import run as run_async
-from k2bench.harness.load.records import RequestRecord
-from k2bench.harness.measure import workload_metrics
-from k2bench.harness.measure.slo import attainment, parse_slo
-from k2bench.harness.measure.validity import ValidityRules, judge_level
-from k2bench.harness.plan import estimate, settings
+from k2bench.harness.measure.slo import parse_slo
+from k2bench.harness.plan import estimate
 from k2bench.harness.record import provenance, repro
-from k2bench.harness.run import level_work
+from k2bench.harness.run.config import SweepConfig
+from k2bench.harness.run.level_run import Level, LevelRunner, LevelStart, planned
 from k2bench.harness.run.profiled import profiled_pass
 from k2bench.harness.servers import launch
 from k2bench.harness.telemetry import profile
-from k2bench.harness.telemetry.level import LevelTelemetry, TelemetryConfig
+from k2bench.harness.telemetry.level import LevelTelemetry
 from k2bench.workloads import prompts as prompt_gen
 from k2bench.workloads.build import level_prompts
-from k2bench.workloads.loader import Workload
-
-
-@dataclass
-class SweepConfig:
-    """Everything a sweep needs; `settings.build` fills it from flags and suite files, tests build it
-    directly. The defaults and checks of its fields are declared in `settings`."""
-
-    levels: list[int]
-    workload: Workload
-    url: str | None = None
-    engine: str | None = None
-    server_cmd: str | None = None  # launch this command line instead of a recipe (the custom recipe)
-    server_cwd: str | None = None  # where the launched server runs (a backfilled commit's worktree)
-    model: str | None = None
-    tp: int = settings.default("tp")
-    num_prompts: int | None = None  # per level; default 10 x concurrency
-    warmup: int | None = None  # per level; default 2 x concurrency
-    num_prompts_x: float | None = None  # per level as a multiple of the concurrency ("--num-prompts 1x")
-    warmup_x: float | None = None  # likewise for --warmup
-    trials: int = settings.default("trials")
-    db: str | None = None
-    json_path: str | None = None
-    commit: str | None = None
-    branch: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-    gpus: int | None = None
-    timeout_s: float = settings.default("timeout")
-    server_args: str | None = None
-    precision: str | None = None
-    hardware: str | None = None
-    ready_timeout_s: float | None = None
-    log_dir: str = settings.default("log_dir")
-    api_key: str | None = None
-    notes: str | None = None
-    rules: ValidityRules = field(default_factory=ValidityRules)
-    level_timeout_s: float | None = None  # bounds a whole level, warmup included
-    command_line: list[str] | None = None  # the k2bench arguments, for the reproducible record
-    evals: list[tuple[str, int | None]] = field(default_factory=list)  # (task, concurrency or None: highest level)
-    eval_data: str | None = None  # --data of the evaluations (GSM8K-format JSONL)
-    eval_limit: int | None = None  # only the first N items of each evaluation
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # GPU power, server metrics, price
-    slo: str | None = None  # SLO text (k2bench.harness.measure.slo): each level's attainment and goodput
-    client_procs: str = settings.default("client_procs")  # worker processes per level: "N" or "auto"
-    trace_time_scale: float = settings.default("trace_time_scale")  # --trace only: scales the trace's gaps
-    rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s (inf: all at once)
-    burstiness: float = settings.default("burstiness")  # gamma shape of the gaps (1 = Poisson)
-    max_inflight: int | None = None  # rate levels: cap on requests in flight
-    ramp_up_s: float = settings.default("ramp_up")  # rate levels: the rate grows linearly over the first S seconds (warmup)
-    duration_s: float | None = None  # rate levels: measured sending time; num_prompts (if given) caps it
-    profile_level: str | None = None  # C[:N]: profile N requests at concurrency C (an extra pass)
-
-    @classmethod
-    def from_settings(cls, given: Mapping[str, object], base: SweepConfig | None = None,
-                      **context: object) -> SweepConfig:
-        """The config of ``given`` settings (`settings.from_args` / `from_table`) over ``base``, which
-        defaults to the declared defaults; checked."""
-        if base is None:
-            from k2bench.workloads.loader import resolve
-
-            base = settings.apply(cls(levels=[1], workload=resolve(None, None, None)), settings.defaults())
-        return settings.apply(base, given, **context)
-
-    def prompts_for(self, conc: int) -> int:
-        if self.num_prompts is not None:
-            return self.num_prompts
-        return max(1, round((10 if self.num_prompts_x is None else self.num_prompts_x) * conc))
-
-    def warmup_for(self, conc: int) -> int:
-        if self.warmup is not None:
-            return self.warmup
-        return round((2 if self.warmup_x is None else self.warmup_x) * conc)
-
-    def rate_count(self, rate: float, warmup: bool = False) -> int | None:
-        """Requests of a rate level (measured, or warmup): a count, or K x the rate (K seconds' worth; for
-        an infinite rate K x --max-inflight). None: the measured count is left to --duration."""
-        n, x, k = (self.warmup, self.warmup_x, 2) if warmup else (self.num_prompts, self.num_prompts_x, 10)
-        if n is not None:
-            return n
-        if x is None and self.duration_s is not None and not warmup:
-            return None
-        per = self.max_inflight if math.isinf(rate) else rate
-        return max(0 if warmup else 1, round((k if x is None else x) * (per or 1)))
-
-    def arrival(self) -> dict | None:
-        """What the run records (and fingerprints) about its rate levels' schedule; None without any."""
-        if not self.rates:
-            return None
-        return {"burstiness": self.burstiness, "max_inflight": self.max_inflight, "ramp_up_s": self.ramp_up_s,
-                "duration_s": self.duration_s, "seed": self.workload.seed}
-
-    def planned_levels(self) -> list[estimate.Level]:
-        if self.workload.source == "trace":  # one level per trial: the whole trace
-            return [estimate.Level(1, len(level_work.trace_offsets(self.workload)))] * self.trials
-        closed = [estimate.Level(c, self.prompts_for(c) + self.warmup_for(c)) for c in self.levels]
-        rate = [estimate.Level(self.max_inflight or 1, (self.rate_count(r) or round(r * (self.duration_s or 0)))
-                               + (self.rate_count(r, warmup=True) or 0)) for r in self.rates if math.isfinite(r)]
-        return [lv for lv in closed + rate for _ in range(self.trials)]
-
-    def validate(self) -> None:
-        """Every check, in one place: the declaration of the settings (`settings.validate`)."""
-        settings.validate(self)
 
 
 @dataclass
 class LevelEvents:
     """Hooks the CLI uses to draw progress; all optional."""
 
-    level_start: Callable[[int, int, int], Callable[[RequestRecord], None] | None] | None = None  # conc, trial, total
+    level_start: LevelStart | None = None  # (concurrency or rate name, trial, requests in all)
     level_done: Callable[[dict], None] | None = None
     message: Callable[[str], None] | None = None
     run_extra: Callable[[], dict] | None = None  # keys merged into the run's extra before it is finished
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level to measure: a concurrency (closed loop) or a rate (open loop, requests/s). Counts left
-    None come from the config (prompts_for / warmup_for, rate_count)."""
-
-    concurrency: int | None
-    rate: float | None = None
-    trial: int = 0
-    num_prompts: int | None = None
-    warmup: int | None = None
 
 
 # Exit codes of `k2bench sweep` (and the meaning of SweepResult.exit_code)
@@ -258,17 +140,11 @@ def _telemetry(cfg: SweepConfig, srv: launch.ServerHandle, meta: dict, model_dir
         tel.close()
 
 
-async def _unmetered(level):
-    """(records, no client meters): a level run where the client does not measure itself (conversations)."""
-    return await level, []
-
-
 def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterable[Level] | None = None) -> SweepResult:
     """Measure every level, storing each as it finishes. The run is created with its first level, so
     a sweep that measured nothing leaves nothing behind. ``plan`` replaces the config's levels x trials
     with levels chosen as the sweep goes (the capacity search: the next is asked for once the last is
     stored)."""
-    from k2bench.harness.measure.metrics import summarize_level
     from k2bench.harness.store import Store
     from k2bench.harness.store.heartbeat import Heartbeat
 
@@ -308,97 +184,29 @@ def run_sweep(cfg: SweepConfig, events: LevelEvents | None = None, plan: Iterabl
                 seconds = estimate.sweep_seconds(cfg.planned_levels(), w.osl, speed)
                 warning = estimate.too_long_warning(seconds, speed, w.isl, meta["hardware"].startswith("cpu"))
                 say(warning or f"estimated duration: about {estimate.duration_text(seconds)}")
-            sizer = ClientSizer(cfg.client_procs, speed.step_at if speed is not None else None)
-            if plan is None:
-                if w.source == "trace":  # one open-loop level per trial, sent at the trace's own times
-                    plan = [Level(None, rate=level_work.trace_rate(w), trial=t) for t in range(cfg.trials)]
-                else:
-                    plan = [Level(c, trial=t) for c in cfg.levels for t in range(cfg.trials)]
-                    plan += [Level(None, rate=r, trial=t) for r in cfg.rates for t in range(cfg.trials)]
-            for lv in plan:
-                conc, rate, trial = lv.concurrency, lv.rate, lv.trial
-                watch = LevelWatch(server_gone=srv.death_note, timeout_s=cfg.level_timeout_s)
-                if rate is None:
-                    name = f"concurrency {conc}"
-                    # one distinct prompt per request, warmup included: a server with prefix caching
-                    # must not get measured requests it has already seen
-                    work = level_work.plan(w, cfg.prompts_for(conc) if lv.num_prompts is None else lv.num_prompts,
-                                           cfg.warmup_for(conc) if lv.warmup is None else lv.warmup, url=srv.url,
-                                           model=request_model, vocab=vocab,
-                                           seed=w.seed * 1_000_003 + conc * 1009 + trial)
-                    n = work.planned
-                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
-                                     num_warmup=work.warmup, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                    on_done = events.level_start(conc, trial, work.total) if events.level_start else None
-                    if work.sessions is not None:  # conversations: sessions are the loop's users, one process
-                        level = _unmetered(work.level(spec, on_done, watch, on_window=(tel.begin, tel.end)))
-                    else:
-                        level = procs.closed_level(spec, work.prompts or [], sizer.procs_for(conc), on_done, watch,
-                                                   on_window=(tel.begin, tel.end))
-                else:
-                    name = f"rate {rate:g}/s"
-                    if w.source == "trace":
-                        prompts, offsets, warm = level_work.trace_prompts(w, vocab), level_work.trace_offsets(w), 0
-                    else:
-                        level_seed = schedule.level_seed(w.seed, rate, trial)
-                        count = cfg.rate_count(rate) if lv.num_prompts is None else lv.num_prompts
-                        warm = (cfg.rate_count(rate, warmup=True) or 0) if lv.warmup is None else lv.warmup
-                        offsets, warm = schedule.level_schedule(rate, count, warm, cfg.burstiness, level_seed,
-                                                                cfg.ramp_up_s, cfg.duration_s)
-                        prompts = level_prompts(w, len(offsets), base_url=srv.url, model=request_model,
-                                                vocab=vocab, seed=level_seed + 1)
-                    n, conc = len(offsets) - warm, openloop.in_flight_cap(cfg.max_inflight, len(offsets))
-                    spec = LevelSpec(base_url=srv.url, model=request_model, concurrency=conc, num_prompts=n,
-                                     num_warmup=warm, timeout_s=cfg.timeout_s, api_key=cfg.api_key)
-                    on_done = events.level_start(name, trial, len(offsets)) if events.level_start else None
-                    level = procs_rate.rate_level(spec, prompts, offsets, rate, warm, cfg.max_inflight,
-                                                  sizer.procs_for_rate(rate, w.osl, len(offsets)), on_done, watch,
-                                                  on_window=(tel.begin, tel.end))
-                try:
-                    records, meters = run_async(level)
-                finally:
-                    tel.abort()  # a level cut short leaves no window open (a no-op after end())
-                watch.name_the_exit()
-                if watch.prompts_rejected:
-                    raise UserError(f"{name}: {watch.stopped}\nthe prompts' token ids are not all in "
-                                    f"the server's vocabulary: pass --model <folder or id> so prompts use the "
-                                    f"server's vocabulary")
-                failure = level_failure(records) if watch.stopped is None else None
-                if failure:
-                    died = srv.death_note()
-                    raise ServerError(f"{name}: {failure}" + (f"\n{died}" if died else ""))
-                if not any(not r.warmup for r in records):  # stopped before a measured request was sent
-                    point = None
+            runner = LevelRunner(cfg, srv, model=request_model, vocab=vocab, num_gpus=meta["num_gpus"], tel=tel,
+                                 sizer=ClientSizer(cfg.client_procs, speed.step_at if speed is not None else None),
+                                 slo=slo, level_start=events.level_start)
+            for lv in (planned(cfg) if plan is None else plan):
+                done = runner.run(lv)
+                if done.point is None:  # stopped during warmup: not stored, but not valid either
                     result.unmeasured += 1
-                    say(f"{name}: nothing measured, stopped during warmup: {watch.stopped}")
+                    say(f"{done.name}: nothing measured, stopped during warmup: {done.stopped}")
                 else:
-                    point = summarize_level(records, concurrency=conc, num_gpus=meta["num_gpus"], trial=trial)
-                    if rate is not None:
-                        point.update(openloop.level_figures(records, rate))
-                    point.update(tel.fields(point))
-                    workload_metrics.prefer_server(point)
-                    if slo is not None:
-                        point.update(attainment(records, slo, duration_s=point["duration_s"],
-                                                num_gpus=meta["num_gpus"]).fields())
-                    client = selfmeasure.combine(meters) if meters else None
-                    sizer.measured(conc if rate is None else None, records, client)
-                    point.update(selfmeasure.point_fields(client))
-                    point["valid"], point["invalid_reason"] = judge_level(point, records, cfg.rules, planned=n,
-                                                                          stopped=watch.stopped)
                     if result.run_id is None:
                         result.run_id = store.create_run(meta)
                         stack.enter_context(Heartbeat(store, result.run_id))  # readers on any host see it live
-                    store.add_point(result.run_id, point, records)
-                    result.points.append(point)
-                    if (cfg.profile_level and trial == 0 and not watch.server_down
-                            and profile.parse(cfg.profile_level).concurrency == conc):
+                    store.add_point(result.run_id, done.point, done.records)
+                    result.points.append(done.point)
+                    if (cfg.profile_level and lv.trial == 0 and not done.server_down
+                            and profile.parse(cfg.profile_level).concurrency == done.concurrency):
                         store.set_profile(result.run_id, profiled_pass(cfg, srv.url, request_model, vocab,
                                                                        profile.parse(cfg.profile_level), say))
                     if events.level_done:
-                        events.level_done(point)
-                if watch.server_down:
+                        events.level_done(done.point)
+                if done.server_down:
                     result.exit_code = EXIT_SERVER
-                    result.problem = f"{name}: {watch.stopped}"
+                    result.problem = f"{done.name}: {done.stopped}"
                     break
             if result.run_id is not None and result.exit_code == EXIT_OK:
                 for task, conc in cfg.evals:

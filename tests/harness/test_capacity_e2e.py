@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.request
 
 import pytest
 
 from k2bench.harness.cli import main
+from k2bench.harness.load.selfmeasure import TICK_S
 from k2bench.harness.servers import launch
 from k2bench.harness.store import Store
 
@@ -76,24 +78,85 @@ def test_bad_input_is_a_clear_error_and_stores_nothing(tmp_path, capsys, argv: l
             assert store.list_runs() == []
 
 
-def _capacity_run(tmp_path, db: str, commit: str, slower: float) -> int:
+def _capacity_run(tmp_path, db: str, commit: str, slower: float) -> tuple[int, list[dict]]:
+    """The stored run's id, and the server's record of every stream it sent (its own stamps)."""
     server = ["--ttft-ms", str(TTFT), "--itl-ms", str(ITL), "--itl-slope-ms", str(SLOPE), "--slower", str(slower)]
     with launch.from_recipe("testserver", model="k2bench-test", extra_args=server, log_dir=tmp_path) as s:
         argv = capacity_argv(db, "--commit", commit, "--branch", "main")
         i = argv.index("--engine")
         argv[i:i + 3] = ["--url", s.base_url]  # attached: both builds have the same configuration fingerprint
         assert main(argv) == 0
+        with urllib.request.urlopen(f"{s.base_url}/stats?from=0&streams=1", timeout=30) as resp:
+            streams = json.loads(resp.read())["streams"]
     with Store.open(db, readonly=True) as store:
-        return store.list_runs(commit=commit)[0]["id"]
+        return store.list_runs(commit=commit)[0]["id"], streams
+
+
+def level_streams(store: Store, run_id: int, conc: int, streams: list[dict]) -> list[dict]:
+    """The server's records of a probe's requests, warmup included: levels run one after another, so they
+    are the streams that arrived between the probe's first send and its last end (both sides stamp
+    CLOCK_MONOTONIC); as many as the client sent."""
+    sent = store.load_records(run_id, concurrency=conc, include_warmup=True)
+    first_ns, last_ns = min(r.send_ns for r in sent), max(r.end_ns or r.send_ns for r in sent)
+    mine = [s for s in streams if first_ns <= s["arrived"] * 1e9 <= last_ns]
+    assert len(mine) == len(sent), (conc, len(mine), len(sent))
+    return mine
+
+
+def late_enough_to_miss(point: dict, mine: list[dict]) -> str | None:
+    """What the records of a probe at or under the hand capacity show that can make it miss, or None.
+
+    The server records each stream's schedule under the load model (its first and last message's due
+    times) and when it really sent them. A stream's margin is how far its scheduled first-to-last span
+    sits under the bound's (TPOT bound x its gaps); it can cross the bound only when its last message
+    is later, against its first, by more than that: sent late (the server's record) plus stamped late
+    (the client's own loop lag, stored with the level, which may miss up to one tick of a stall). A level
+    judged invalid for that lag counts too."""
+    def span_ms(s: dict, first: str, last: str) -> float:
+        return (s[last] - s[first]) * 1e3
+
+    margin_ms = min(TPOT_BOUND * (s["messages"] - 1) - span_ms(s, "first_due", "last_due") for s in mine)
+    sent_late_ms = max(span_ms(s, "first_sent", "last_sent") - span_ms(s, "first_due", "last_due") for s in mine)
+    lag_ms = ((point.get("client") or {}).get("lag_max_ms") or 0.0) + TICK_S * 1e3
+    if sent_late_ms + lag_ms >= margin_ms:
+        return f"sent {sent_late_ms:.1f} ms late + stamped up to {lag_ms:.1f} ms late >= margin {margin_ms:.1f} ms"
+    if not point["valid"] and "event loop" in (point["invalid_reason"] or ""):
+        return point["invalid_reason"]
+    return None
+
+
+def checked_capacity(db: str, run_id: int, streams: list[dict]) -> float:
+    """The run's stored capacity, held to the hand-computed one against what the server and the client
+    recorded: exactly it, unless a probe at or under it missed through lateness its records show (a busy
+    machine); then below it. A probe over it never meets."""
+    hand = hand_capacity(TPOT_BOUND)
+    late = {}
+    with Store.open(db, readonly=True) as store:
+        doc = store.export_run(run_id)
+        cap = doc["run"]["extra"]["capacity"]
+        points = {p["concurrency"]: p for p in doc["points"]}
+        for probe in cap["probes"]:
+            mine = level_streams(store, run_id, probe["load"], streams)
+            assert not (probe["meets"] and probe["load"] > hand), probe
+            if not probe["meets"] and probe["load"] <= hand:
+                why = late_enough_to_miss(points[probe["load"]], mine)
+                assert why is not None, f"probe at {probe['load']:g} missed with nothing late: {probe}"
+                late[probe["load"]] = why
+    if late:
+        assert cap["capacity"] is None or cap["capacity"] < hand, (cap["capacity"], late)
+    else:
+        assert cap["capacity"] == hand, cap["probes"]
+    return cap["capacity"]
 
 
 def test_regress_flags_a_30_percent_slower_build_and_not_an_a_a_rerun(tmp_path, capsys) -> None:
     db = f"sqlite:///{tmp_path}/k.db"
-    base = _capacity_run(tmp_path, db, "a" * 40, 1.0)
-    rerun = _capacity_run(tmp_path, db, "b" * 40, 1.0)
-    slower = _capacity_run(tmp_path, db, "c" * 40, 1.3)
+    base, base_streams = _capacity_run(tmp_path, db, "a" * 40, 1.0)
+    rerun, _ = _capacity_run(tmp_path, db, "b" * 40, 1.0)
+    slower, _ = _capacity_run(tmp_path, db, "c" * 40, 1.3)
     capsys.readouterr()
     assert hand_capacity(TPOT_BOUND, 1.3) == 15  # (33.1 - 2) / 2: a quarter below 20
+    base_capacity = checked_capacity(db, base, base_streams)  # 20, unless the records show a busy machine
 
     def regress(cand: int) -> tuple[int, dict]:
         code = main(["regress", "--candidate", str(cand), "--baseline", str(base), "--format", "json",
@@ -103,7 +166,7 @@ def test_regress_flags_a_30_percent_slower_build_and_not_an_a_a_rerun(tmp_path, 
     code, doc = regress(slower)
     cap = doc["capacity"]
     assert (cap["status"], code, doc["overall"]) == ("regression", 1, "regression"), cap
-    assert cap["baseline"] == 20 and abs(cap["candidate"] - 15) <= 1.5
+    assert cap["baseline"] == base_capacity and abs(cap["candidate"] - 15) <= 1.5
     assert "the candidate missed at" in cap["evidence"]
 
     code, doc = regress(rerun)
@@ -112,7 +175,7 @@ def test_regress_flags_a_30_percent_slower_build_and_not_an_a_a_rerun(tmp_path, 
 
     main(["regress", "--candidate", str(slower), "--baseline", str(base), "--db", db])
     md = capsys.readouterr().out
-    assert "Capacity (highest load with at least 99% of requests meeting the SLO): capacity 20 ->" in md
+    assert f"Capacity (highest load with at least 99% of requests meeting the SLO): capacity {base_capacity:g} ->" in md
 
 
 def test_an_unreachable_server_is_a_clear_error_and_stores_no_run(tmp_path, capsys) -> None:
