@@ -277,7 +277,7 @@ def run_procs(settings: list[int], conc: int, isl: int, osl: int, itl_ms: float,
 
 def run_hotpath(n: int = 200_000) -> list[dict]:
     """CPU per message of the SSE handling in stream_one: the framing split and the message's parse."""
-    from k2bench.harness.load.loadgen import _Stream
+    from k2bench.harness.load.sse import _Stream
 
     head = b'{"id":"cmpl-7","object":"text_completion","created":0,"model":"k2bench-test","choices":[{"index":0,"text":"'
     msgs = [head + b" t%d" % (i % 30000) + b'","logprobs":null,"finish_reason":null}],"usage":null}' for i in range(n)]
