@@ -328,15 +328,17 @@ def run_hotpath(n: int = 200_000) -> list[dict]:
             conn.data_received(w)
         loop.close()
 
-    state = _Stream([])
+    state, state2 = _Stream([]), _Stream([])
     rows = [{"step": "SSE framing split (per chunk, the split alone)", "us_per_message": cpu(split)},
             {"step": "message parse (orjson) and token check", "us_per_message":
              cpu(lambda: [state.payload(m, 1) for m in msgs])},
             {"step": "_Stream.feed, one message per read (split + parse)", "us_per_message":
              cpu(lambda: fed(chunks))},
+            {"step": "the same through feed's general path (_Stream.split), as before its one-scan path",
+             "us_per_message": cpu(lambda: [state2.split(c, 1) for c in chunks])},
             {"step": "_Stream.feed, each message in two reads", "us_per_message": cpu(split_reads)},
             {"step": "raw transport read: stamp + httptools chunk decode + feed", "us_per_message": cpu(raw_reads)}]
-    assert len(state.token_ns) == n and len(fed(chunks).token_ns) == n
+    assert len(state.token_ns) == len(state2.token_ns) == len(fed(chunks).token_ns) == n
     return rows
 
 

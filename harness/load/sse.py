@@ -58,12 +58,16 @@ class _Stream:
         """A piece of the body that arrived at ``t``: every message it completes is stamped ``t``."""
         if _BURN_NS:
             _burn()
-        if self.tail:
-            chunk = self.tail + chunk
-        elif chunk.find(b"\n") == len(chunk) - 2 and chunk[-1:] == b"\n" and chunk[:6] == b"data: ":
+        if not self.tail and chunk.find(b"\n") == len(chunk) - 2 and chunk[-1:] == b"\n" and chunk[:6] == b"data: ":
             # the usual piece: exactly one one-line message and its blank line (one scan, no split)
             self.payload(chunk[6:-2], t)
-            return
+        else:
+            self.split(chunk, t)
+
+    def split(self, chunk: bytes, t: int) -> None:
+        """`feed`'s general path: any number of messages, CRLF line ends, a message cut across reads."""
+        if self.tail:
+            chunk = self.tail + chunk
         if b"\r" in chunk:
             chunk = chunk.replace(b"\r\n", b"\n")
         if b"\n\n" not in chunk:

@@ -168,6 +168,26 @@ def test_every_split_of_the_response_stamps_each_token_at_the_read_that_complete
         loop.close()
 
 
+def test_feed_one_scan_path_agrees_with_the_general_split() -> None:
+    """A read holding exactly one one-line message takes feed's one-scan path; reads of any other shape take
+    the general split. Fed message by message, or in 5-byte pieces, the stream reads the same."""
+    body = sse(*TOKENS, {"choices": [{"index": 0, "text": ""}]}, USAGE, b"[DONE]")
+    messages = [m + b"\n\n" for m in body.split(b"\n\n")[:-1]]
+    by_message, general, pieces = _Stream([]), _Stream([]), _Stream([])
+    for i, m in enumerate(messages):
+        by_message.feed(m, i)
+        general.split(m, i)
+    for i in range(0, len(body), 5):
+        pieces.feed(body[i:i + 5], i)
+    for s in (by_message, general, pieces):
+        s.end(99)
+    assert by_message.token_ns == general.token_ns == [0, 1, 2]  # the empty-text message carries no token
+    # in 5-byte pieces, each token is stamped with the piece holding its blank line's last byte
+    assert pieces.token_ns == [(body.index(b"\n\n", body.index(json.dumps(t).encode())) + 1) // 5 * 5 for t in TOKENS]
+    for s in (by_message, general, pieces):
+        assert s.done and s.output_tokens == 3 and s.prompt_tokens == 5 and s.error is None
+
+
 async def test_http_errors_carry_status_reason_and_body() -> None:
     for status, reason in ((400, b"Bad Request"), (503, b"Service Unavailable")):
         text = b'{"object":"error","message":"no such model"}'
