@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
-if [ -d .whl ]; then  # optional: orjson (faster parsing) is not in the device image; the stdlib json is used without it
+if [ -d .whl ]; then  # optional: orjson and httptools are not in the device image; without them json and aiohttp are used
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q -e . --no-deps --no-build-isolation >/tmp/k2bench-install.log 2>&1 \

@@ -29,12 +29,16 @@ Further modes (``--mode``):
   (``--reuse-port``), each recording its streams (``--record``): tokens/s carried, the client's own
   figures and validity, and TPOT error against what the servers did, per setting. Sized for the
   16-core device machine (bench/device_loadgen.sh); ``--quick`` is a CPU-sized smoke run.
+- ``transport``: client CPU per streamed token of the raw transport against aiohttp's path (and, with
+  ``--reference-client PATH``, InferenceX's client), ``--repeats`` interleaved rounds at concurrency 64, a
+  2 ms gap, 1,024 tokens (bench/loadgen_transport.py).
 
     python bench/loadgen_bench.py                 # table + results/bench/loadgen_bench.json
     python bench/loadgen_bench.py --quick --out /tmp/lg.json
     python bench/loadgen_bench.py --mode reruns --out /tmp/reruns.json
     python bench/loadgen_bench.py --mode procs --servers 8 --out $OUT/procs.json
     python bench/loadgen_bench.py --mode rate --out /tmp/rate.json
+    python bench/loadgen_bench.py --mode transport --repeats 5 --reference-client PATH/benchmark_serving.py
 """
 
 from __future__ import annotations
@@ -276,19 +280,25 @@ def run_procs(settings: list[int], conc: int, isl: int, osl: int, itl_ms: float,
 
 
 def run_hotpath(n: int = 200_000) -> list[dict]:
-    """CPU per message of the SSE handling in stream_one: the framing split and the message's parse."""
-    from k2bench.harness.load.loadgen import _Stream
+    """CPU per message of the SSE handling: the framing split, the message's parse, and each read of the raw
+    transport whole (httptools' chunk decoding included), one message per read as the test server sends."""
+    import asyncio
+
+    from k2bench.harness.load import transport
+    from k2bench.harness.load.sse import _Stream
 
     head = b'{"id":"cmpl-7","object":"text_completion","created":0,"model":"k2bench-test","choices":[{"index":0,"text":"'
     msgs = [head + b" t%d" % (i % 30000) + b'","logprobs":null,"finish_reason":null}],"usage":null}' for i in range(n)]
     chunks = [b"data: " + m + b"\n\n" for m in msgs]
+    halves = [(c[:40], c[40:]) for c in chunks]
+    wire = [b"%x\r\n%s\r\n" % (len(c), c) for c in chunks]
 
     def cpu(fn) -> float:
         t0 = time.process_time()
         fn()
         return (time.process_time() - t0) / n * 1e6
 
-    def split() -> None:
+    def split() -> None:  # what stream_one did inline before _Stream.feed
         for c in chunks:
             parts = c.split(b"\n\n")
             parts.pop()
@@ -296,11 +306,39 @@ def run_hotpath(n: int = 200_000) -> list[dict]:
                 if part[:6] == b"data: " and b"\n" not in part:
                     part[6:]
 
-    state = _Stream([])
-    rows = [{"step": "SSE framing split (per chunk)", "us_per_message": cpu(split)},
+    def fed(pieces) -> _Stream:
+        state = _Stream([])
+        for p in pieces:
+            state.feed(p, 1)
+        return state
+
+    def split_reads() -> None:
+        state = _Stream([])
+        for a, b in halves:
+            state.feed(a, 1)
+            state.feed(b, 1)
+
+    def raw_reads() -> None:
+        loop = asyncio.new_event_loop()
+        conn = transport._Conn()
+        conn.transport = type("T", (), {"close": lambda self: None})()
+        conn.begin(_Stream([]), loop.create_future())
+        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for w in wire:
+            conn.data_received(w)
+        loop.close()
+
+    state, state2 = _Stream([]), _Stream([])
+    rows = [{"step": "SSE framing split (per chunk, the split alone)", "us_per_message": cpu(split)},
             {"step": "message parse (orjson) and token check", "us_per_message":
-             cpu(lambda: [state.payload(m, 1) for m in msgs])}]
-    assert len(state.token_ns) == n
+             cpu(lambda: [state.payload(m, 1) for m in msgs])},
+            {"step": "_Stream.feed, one message per read (split + parse)", "us_per_message":
+             cpu(lambda: fed(chunks))},
+            {"step": "the same through feed's general path (_Stream.split), as before its one-scan path",
+             "us_per_message": cpu(lambda: [state2.split(c, 1) for c in chunks])},
+            {"step": "_Stream.feed, each message in two reads", "us_per_message": cpu(split_reads)},
+            {"step": "raw transport read: stamp + httptools chunk decode + feed", "us_per_message": cpu(raw_reads)}]
+    assert len(state.token_ns) == len(state2.token_ns) == len(fed(chunks).token_ns) == n
     return rows
 
 
@@ -316,7 +354,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter streams, for a smoke run")
     ap.add_argument("--waves", type=int, default=2, help="measured requests = waves x concurrency")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server and client to cores")
-    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs", "rate"), default="accuracy")
+    ap.add_argument("--mode", choices=("accuracy", "hotpath", "reruns", "procs", "rate", "transport"),
+                    default="accuracy")
+    ap.add_argument("--repeats", type=int, default=5, help="transport mode: interleaved rounds")
+    ap.add_argument("--reference-client", metavar="PATH",
+                    help="transport mode: InferenceX's utils/bench_serving/benchmark_serving.py, measured too")
     ap.add_argument("--rate-seconds", type=float, default=5.0, help="rate mode: seconds of arrivals per rate")
     ap.add_argument("--reruns", type=int, default=5)
     ap.add_argument("--servers", type=int, default=8, help="procs mode: test-server processes sharing the port")
@@ -332,6 +374,17 @@ def main() -> None:
         rows = run_hotpath()
         print(_table(("step", "client CPU us/message"), [(r["step"], f"{r['us_per_message']:.2f}") for r in rows]))
         _write(args.out, {"bench": "loadgen-hotpath", "machine": _machine(pin), "rows": rows})
+        return
+    if args.mode == "transport":
+        import loadgen_transport as lt
+
+        if args.reference_client and not Path(args.reference_client).is_file():
+            sys.exit(f"error: --reference-client {args.reference_client}: no such file")
+        if args.repeats < 1:
+            sys.exit("error: --repeats must be at least 1")
+        res = lt.run_transport(args.repeats, args.reference_client, cores[0] if pin else None, _start_server, _cpu_s)
+        print(_table(lt.HEADER, lt.table(res)))
+        _write(args.out, {"bench": "loadgen-transport", "machine": _machine(pin), **res})
         return
     if args.mode == "rate":
         rows = run_rates([50.0, 200.0, 1000.0], 2.0 if args.quick else args.rate_seconds, cores[0] if pin else None)

@@ -3,10 +3,11 @@
 The numbers are only as good as the clock, so the hot path does as little as possible: the
 request bodies are serialised before the level starts, the response is read chunk by chunk
 straight off the connection, each chunk is stamped with ``time.monotonic_ns()`` the moment it is
-handed over, and the SSE framing is split with bytes operations. JSON is parsed only after the
-stream has ended. One ``aiohttp.ClientSession`` with no connection cap serves the whole level,
-and its connections are reused (warmup opens them), so a request's clock does not include a
-TCP handshake.
+handed over, and the SSE framing is split with bytes operations (k2bench.harness.load.sse). One
+session with no connection cap serves the whole level, and its connections are reused (warmup opens
+them), so a request's clock does not include a TCP handshake. The session is the raw HTTP/1.1 client
+of k2bench.harness.load.transport where it can serve the URL, else (or with
+``K2BENCH_TRANSPORT=aiohttp``) an ``aiohttp.ClientSession``.
 
 A message "carries a token" when its first choice has non-empty ``text`` (completions),
 non-empty ``delta.content`` (chat), or non-empty ``token_ids``. Messages that carry several
@@ -39,6 +40,8 @@ from k2bench.harness.load.level_watch import (
 )
 from k2bench.harness.load.records import RequestRecord
 from k2bench.harness.load.selfmeasure import SelfMeter
+from k2bench.harness.load.sse import _Stream
+from k2bench.harness.load.transport import RawSession, raw_supported, transport_choice
 from k2bench.net import normalize_base_url
 from k2bench.workloads.prompts import Prompt
 
@@ -47,30 +50,17 @@ try:  # an event loop with less overhead per wake-up: lower client CPU and stead
 except ImportError:  # pragma: no cover - depends on the environment
     _uvloop = None
 
-try:  # optional, faster; the stdlib parser gives the same answers
+try:  # optional, faster; the stdlib serialiser gives the same bodies
     import orjson
 
-    _loads = orjson.loads
     _dumps = orjson.dumps
     _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
     _dumps = None
     _NUMPY = 0
 
+Session = RawSession | aiohttp.ClientSession  # what make_session gives: the raw transport's or aiohttp's
 READ_BUFSIZE = 4 << 20  # per-response buffer: never let a burst of messages stall the socket
-# Test-only: burn this many microseconds of CPU per chunk read, to show that a saturated client makes
-# its level invalid (tests/harness/test_client_saturation.py). Read once, at import.
-BURN_ENV = "K2BENCH_TEST_BURN_US_PER_CHUNK"
-_BURN_NS = int(float(os.environ.get(BURN_ENV) or 0) * 1e3)
-
-
-def _burn() -> None:
-    end = time.thread_time_ns() + _BURN_NS
-    while time.thread_time_ns() < end:
-        pass
-
-
 def event_loop_name() -> str:
     return "uvloop" if _use_uvloop() else "asyncio"
 
@@ -165,8 +155,17 @@ def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def make_session(timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:
-    """One session for a whole level: no cap on connections (the closed loop is the cap), kept alive."""
+def make_session(timeout_s: float, api_key: str | None = None,
+                 url: str | None = None) -> Session:
+    """One session for a whole level: no cap on connections (the closed loop is the cap), kept alive.
+    The raw transport (k2bench.harness.load.transport) serves ``url`` when it can and
+    ``K2BENCH_TRANSPORT`` does not say aiohttp; without ``url``, aiohttp."""
+    if url is not None and transport_choice() == "raw" and raw_supported(url):
+        return RawSession(timeout_s, api_key)
+    return _aiohttp_session(timeout_s, api_key)
+
+
+def _aiohttp_session(timeout_s: float, api_key: str | None) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=3600,
                                      enable_cleanup_closed=False)
     # The request's clock starts when its body has been handed to the socket, not when the
@@ -190,94 +189,14 @@ def _describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text}"[:ERRORS_KEPT]
 
 
-class _Stream:
-    """What one response's SSE messages said so far. Messages are handled as they arrive (a few
-    microseconds each) rather than all at the end of the stream: streams of a closed loop end
-    together, and parsing a thousand messages for each of them at once would hold up the stamps
-    of every other stream."""
-
-    __slots__ = ("token_ns", "done", "error", "prompt_tokens", "output_tokens", "cached_tokens", "text")
-
-    def __init__(self, token_ns: list[int], text: list[str] | None = None) -> None:
-        self.token_ns = token_ns
-        self.done = False
-        self.error: str | None = None
-        self.prompt_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.cached_tokens: int | None = None
-        self.text = text  # when a list, the answer's text is collected into it (conversations)
-
-    def message(self, msg: bytes, t: int) -> None:
-        if msg[:6] == b"data: " and b"\n" not in msg:  # the usual one-line message
-            self.payload(msg[6:], t)
-            return
-        for line in msg.split(b"\n"):  # comments, event names, ids, multi-line data
-            if line.startswith(b"data:"):
-                self.payload(line[5:].strip(), t)
-
-    def payload(self, data: bytes, t: int) -> None:
-        if data == b"[DONE]":
-            if self.done:
-                self.error = self.error or "two [DONE] messages"
-            self.done = True
-            return
-        if self.done:
-            self.error = self.error or "data after [DONE]"
-        try:
-            obj = _loads(data)
-        except ValueError:
-            self.error = self.error or f"unparseable SSE message: {data[:200]!r}"
-            return
-        if obj.__class__ is not dict:
-            return
-        choices = obj.get("choices")
-        if choices:
-            c = choices[0]
-            if c.get("text") or c.get("token_ids"):
-                self.token_ns.append(t)
-                if self.text is not None:
-                    self.text.append(c.get("text") or "")
-            else:
-                delta = c.get("delta")
-                if delta and delta.get("content"):
-                    self.token_ns.append(t)
-                    if self.text is not None:
-                        self.text.append(delta["content"])
-        usage = obj.get("usage")
-        if usage:
-            self.prompt_tokens = usage.get("prompt_tokens")
-            self.output_tokens = usage.get("completion_tokens")
-            details = usage.get("prompt_tokens_details")
-            if details.__class__ is dict and details.get("cached_tokens") is not None:
-                self.cached_tokens = details["cached_tokens"]
-        elif not choices and (obj.get("error") is not None or obj.get("object") == "error"):
-            err = obj.get("error", obj)
-            text = err.get("message", err) if isinstance(err, dict) else err
-            self.error = self.error or f"server error in stream: {text}"[:ERRORS_KEPT]
-
-    def finish(self, rec: RequestRecord, failure: str | None) -> None:
-        rec.prompt_tokens, rec.output_tokens = self.prompt_tokens, self.output_tokens
-        rec.cached_tokens = self.cached_tokens
-        n = len(self.token_ns)
-        error = failure or self.error
-        if error is None and not self.done:
-            error = f"stream ended early: no [DONE] after {n} token messages"
-        if error is None and rec.output_tokens is None:
-            error = "server sent no usage.completion_tokens (does it honour stream_options.include_usage?)"
-        if error is None and not n:
-            error = "stream carried no tokens"
-        if failure is not None and n:
-            error = f"{error} (after {n} token messages)"
-        rec.error = None if error is None else error[:ERRORS_KEPT]
-        rec.success = error is None
-
-
-async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord,
+async def stream_one(session: Session, url: str, body: bytes, rec: RequestRecord,
                      timeout_s: float, text: list[str] | None = None) -> RequestRecord:
     """Send one streaming request and fill ``rec`` (and ``text`` with the answer, when given); never raises
     for a failed request."""
     state = _Stream(rec.token_ns, text)
-    message, payload = state.message, state.payload
+    if session.__class__ is RawSession:
+        await session.stream(url, body, rec, state, timeout_s)
+        return rec
     failure: str | None = None
     now = time.monotonic_ns
     rec.send_ns = now()  # replaced by the moment the body was written (see make_session)
@@ -289,30 +208,13 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
                 rec.error = f"HTTP {resp.status} {resp.reason}: {text}"[:ERRORS_KEPT]
                 return rec
             content = resp.content
-            tail = b""
+            feed = state.feed
             while True:
                 chunk = await content.readany()
                 if not chunk:
                     break
-                t = now()  # arrival: before any splitting or parsing
-                if _BURN_NS:
-                    _burn()
-                if tail:
-                    chunk = tail + chunk
-                if b"\r" in chunk:
-                    chunk = chunk.replace(b"\r\n", b"\n")
-                if b"\n\n" not in chunk:
-                    tail = chunk
-                    continue
-                parts = chunk.split(b"\n\n")
-                tail = parts.pop()
-                for part in parts:
-                    if part[:6] == b"data: " and b"\n" not in part:
-                        payload(part[6:], t)
-                    else:
-                        message(part, t)
-            if tail.strip():
-                message(tail, now())
+                feed(chunk, now())  # stamped on arrival: before any splitting or parsing
+            state.end(now())
     except asyncio.TimeoutError:
         failure = f"{TIMED_OUT} after {timeout_s:g} s (per-request --timeout)"
     except aiohttp.ClientPayloadError as exc:
@@ -328,7 +230,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, rec:
     return rec
 
 
-async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord, timeout_s: float,
+async def send_one(session: Session, url: str, body: bytes, rec: RequestRecord, timeout_s: float,
                    watch: LevelWatch, on_done: Callable[[RequestRecord], None] | None = None,
                    text: list[str] | None = None) -> None:
     """One request of a level, whichever loop sends it: streamed into ``rec``; a stop that cuts it off
@@ -353,7 +255,7 @@ def _digest(rec: RequestRecord, stamps: list[int], messages: list[bytes], failur
     state.finish(rec, failure)
 
 
-async def _closed_loop(session: aiohttp.ClientSession, url: str, work: Sequence[tuple[bytes, RequestRecord]],
+async def _closed_loop(session: Session, url: str, work: Sequence[tuple[bytes, RequestRecord]],
                        concurrency: int, timeout_s: float,
                        on_done: Callable[[RequestRecord], None] | None, watch: LevelWatch) -> None:
     queue = iter(work)
@@ -422,7 +324,7 @@ async def run_work(spec: LevelSpec, work: Sequence[tuple[bytes, RequestRecord]],
     gc.collect()
     gc.disable()  # a collection pause would land in somebody's TTFT
     try:
-        async with make_session(spec.timeout_s, spec.api_key) as session:
+        async with make_session(spec.timeout_s, spec.api_key, url) as session:
             if warm:
                 await _closed_loop(session, url, warm, spec.concurrency, spec.timeout_s, on_done, watch)
                 if check_warmup and watch.stopped is None and not any(r.success for _, r in warm):

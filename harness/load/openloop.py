@@ -19,13 +19,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-import aiohttp
 import numpy as np
 
 from k2bench.errors import ServerError
 from k2bench.harness.load.level_watch import STOP_POLL_S, LevelWatch
 from k2bench.harness.load.loadgen import (
     LevelSpec,
+    Session,
     level_url,
     make_session,
     request_body,
@@ -45,7 +45,7 @@ def in_flight_cap(max_inflight: int | None, total: int) -> int:
     return max(1, max_inflight if max_inflight is not None else total)
 
 
-async def send_on_schedule(session: aiohttp.ClientSession, url: str, work: Sequence[tuple[bytes, RequestRecord]],
+async def send_on_schedule(session: Session, url: str, work: Sequence[tuple[bytes, RequestRecord]],
                            offsets_s: Sequence[float], timeout_s: float, watch: LevelWatch,
                            max_inflight: int | None = None,
                            on_done: Callable[[RequestRecord], None] | None = None,
@@ -137,7 +137,7 @@ async def run_rate_level(spec: LevelSpec, prompts: Sequence[Prompt], offsets_s: 
     gc.collect()
     gc.disable()  # a collection pause would land in somebody's send lag and TTFT
     try:
-        async with make_session(spec.timeout_s, spec.api_key) as session:
+        async with make_session(spec.timeout_s, spec.api_key, url) as session:
             await send_on_schedule(session, url, work, offsets_s, spec.timeout_s, watch, max_inflight,
                                    on_done, begin)
             if num_warmup and watch.stopped is None and not any(r.success for _, r in work[:num_warmup]):

@@ -81,7 +81,7 @@ async def _rate_worker(spec: LevelSpec, prompts: list, offsets: list[float], rat
     gc.collect()
     gc.disable()
     try:
-        async with make_session(spec.timeout_s, spec.api_key) as session:
+        async with make_session(spec.timeout_s, spec.api_key, url) as session:
             results.send(("warm",))  # ready: spawned, connected to nothing yet, listening
             start_ns = await start
             if start_ns is not None:

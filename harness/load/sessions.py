@@ -73,7 +73,7 @@ async def run_sessions(spec: LevelSpec, sessions: Sequence[Session], num_warmup:
     gc.collect()
     gc.disable()
     try:
-        async with make_session(spec.timeout_s, spec.api_key) as http:
+        async with make_session(spec.timeout_s, spec.api_key, url) as http:
             if num_warmup:
                 await loop(numbered[:num_warmup], True, http)
                 if watch.stopped is None and not any(r.success for r in records):

@@ -1,6 +1,6 @@
 """A client that cannot keep up makes its level invalid, with the reason; the same level unslowed is valid.
 
-The test-only switch K2BENCH_TEST_BURN_US_PER_CHUNK (loadgen._BURN_NS in-process) burns CPU on every chunk
+The test-only switch K2BENCH_TEST_BURN_US_PER_CHUNK (sse._BURN_NS in-process) burns CPU on every chunk
 read, as a slow parser would: 8 streams at a message every 10 ms are 800 chunks/s, so 2 ms a chunk asks
 for 1.6 cores of a loop that has one. On a quiet machine that shows as CPU; on this 2-core machine
 shared by eight engineers the burning loop gets only part of a core, and it shows as lag (and demand).
@@ -14,7 +14,7 @@ import json
 import pytest
 
 from k2bench.harness.cli import main
-from k2bench.harness.load import loadgen
+from k2bench.harness.load import sse
 from k2bench.harness.servers import launch
 
 
@@ -34,7 +34,7 @@ def sweep(tmp_path, url: str, name: str, *extra: str) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("burn_us", [0, 2000])
 def test_burning_client_is_invalid_with_the_reason(tmp_path, monkeypatch, capsys, burn_us: int) -> None:
-    monkeypatch.setattr(loadgen, "_BURN_NS", burn_us * 1000)
+    monkeypatch.setattr(sse, "_BURN_NS", burn_us * 1000)
     with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
         code, point = sweep(tmp_path, url, "burn", *(() if burn_us else ("--max-loop-lag-ms", "1000")))
     client = point["client"]
@@ -62,7 +62,7 @@ def test_burning_client_is_invalid_with_the_reason(tmp_path, monkeypatch, capsys
 def test_lag_bound_judges_the_loop(tmp_path, monkeypatch) -> None:
     """The same burn, judged by the lag bound alone: each 2 ms burn holds every callback behind it."""
     # (the CPU bound is out of reach at 5 cores)
-    monkeypatch.setattr(loadgen, "_BURN_NS", 2_000_000)
+    monkeypatch.setattr(sse, "_BURN_NS", 2_000_000)
     with serving(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as url:
         code, point = sweep(tmp_path, url, "lag", "--max-client-cpu", "5", "--max-loop-lag-ms", "1")
     assert code == 1 and not point["valid"]
