@@ -44,7 +44,7 @@ import triton.language as tl
 
 from k2bench.engine.kernels import moe_dispatch
 from k2bench.engine.kernels.moe_dispatch import scaled_tiles
-from k2bench.engine.kernels.triton_moe_glue import check_split, k_range, run_moe, store_gate_up
+from k2bench.engine.kernels.triton_moe_glue import block_pairs, check_split, k_range, run_moe, store_gate_up
 from k2bench.engine.model.mxfp4 import BLOCK
 
 
@@ -68,15 +68,11 @@ def _moe_gate_up(
 ):
     """h[pair, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for one block of pairs and one column tile
     (SPLIT: float32 partial gate / up sums of this program's K slice, `store_gate_up`)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    if expert < 0:
+    expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
+    if expert < 0:  # a block past the last expert's group
         return
-    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    valid = pair < num_pairs
+    pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     tok = pair // topk
-    rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < L
     g_rows = w_ptr + expert * s_we + rn * s_wn
     u_rows = g_rows + L * s_wn
@@ -101,14 +97,10 @@ def _moe_down(
     SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: this K slice's part in y[slice])."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    if expert < 0:
+    expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
+    if expert < 0:  # a block past the last expert's group
         return
-    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    valid = pair < num_pairs
-    rn = pid_n * BN + tl.arange(0, BN)
+    pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     n_ok = rn < N
     rows = w_ptr + expert * s_we + rn * s_wn
     srows = ws_ptr + expert * s_wse + rn * s_wsn

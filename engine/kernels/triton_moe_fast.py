@@ -34,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_dispatch import FastTiles, fast_tiles
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
-from k2bench.engine.kernels.triton_moe_glue import check_split, k_range, run_moe, store_gate_up
+from k2bench.engine.kernels.triton_moe_glue import block_pairs, check_split, k_range, run_moe, store_gate_up
 
 # Per word: pairs 0..3 (j = 2s + c) as bf16x2 bits times the scale; $8 the word, $9 the bf16 scale.
 _WORDS_PTX = tl.constexpr("""{
@@ -169,21 +169,17 @@ def _fast_gate_up(
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half
     (SPLIT: float32 partials, `store_gate_up`). rows_e / rows_c: rows of the [rows, 8] word view per
     expert / per chunk. PREFETCH: the next chunk's activations are loaded before this chunk's MMAs."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    if expert < 0:
+    expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
+    if expert < 0:  # a block past the last expert's group
         return
-    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    valid = pair < num_pairs
+    pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     tok = pair // topk
-    rn = pid_n * BN + tl.arange(0, BN)
     x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
     x_ok = valid[None, :]
     acc_g = tl.zeros((BN, BM), dtype=tl.float32)
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
-    g_row = (expert * rows_e).to(tl.int32) + pid_n * BN
+    g_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
     if PREFETCH:
         nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):
@@ -208,21 +204,17 @@ def _fast_down(
     INTERPRET: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    if expert < 0:
+    expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
+    if expert < 0:  # a block past the last expert's group
         return
-    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    valid = pair < num_pairs
-    rn = pid_n * BN + tl.arange(0, BN)
+    pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
     h_ok = valid[None, :]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
     if SPLIT:
         y_ptr += tl.program_id(2) * s_ys
-    w_row = (expert * rows_e).to(tl.int32) + pid_n * BN
+    w_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
     if PREFETCH:
         nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
     for kc in range(k_lo, k_hi, 64):

@@ -1,7 +1,7 @@
 """The fused MoE's glue, shared by both kernel families (`triton_moe`, `triton_moe_fast`; which runs where:
 `moe_dispatch`): four Triton kernels (pair alignment (two), the bridge between the GEMMs, the combine), the
 host-side run around the two GEMMs (`run_moe`: checks, K slices, buffers) and the GEMM kernels' shared
-pieces (`k_range`, `store_gate_up`).
+pieces (`block_pairs`, `k_range`, `store_gate_up`).
 
 In torch this glue was about thirty launches per MoE layer at decode (sort, searchsorted, cumsum, scatter
 and a dozen index ops to sort the (token, expert) pairs; sum, sigmoid, multiply and the activation quantiser
@@ -277,6 +277,14 @@ def k_range(K, K_SPLIT, SPLIT: tl.constexpr):
         k_lo = 0
         k_hi = K
     return k_lo, k_hi
+
+
+@triton.jit
+def block_pairs(pairs_ptr, num_pairs, BM: tl.constexpr, BN: tl.constexpr):
+    """A GEMM program's work: its block's sorted pairs (block program_id(0); padding slots are not valid)
+    and its BN output columns (tile program_id(1))."""
+    pair = tl.load(pairs_ptr + tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    return pair, pair < num_pairs, tl.program_id(1) * BN + tl.arange(0, BN)
 
 
 @triton.jit
