@@ -9,16 +9,17 @@ Two kernel families, each one gate/up kernel and one down kernel around the shar
 | GPU with FP4 units (Blackwell, gfx950), ROCm, the CPU interpreter | `triton_moe.fused_moe_mxfp4`: the checkpoint layout through `tl.dot_scaled` | the native scaled MMA there; the fast path's decode is CUDA PTX (not run on ROCm); the interpreter runs `tl.dot_scaled` |
 | Hopper, experts whose scales the word layout cannot hold (above 2^1) | `fused_moe_mxfp4` | the fallback (`moe_fast_layout.ScaleRangeError`) |
 
-Tiles are picked by pairs per expert (T * k / E); the rows below (`FAST_TILES`, `SCALED_TILES`) carry
-the measurements that chose them. Every choice depends on shapes alone: no host sync, so a decode step
-can be captured in a CUDA graph. Tests pin the choices (tests/engine/kernels/test_moe_dispatch.py).
+Tiles are picked by pairs per expert (T * k / E); the rows below (`FAST_TILES`; `SCALED_BLOCK_M`,
+`SCALED_COLUMNS`, `SCALED_PREFILL`) carry the measurements that chose them. Every choice depends on shapes
+alone: no host sync, so a decode step can be captured in a CUDA graph. Tests pin the choices (tests/engine/kernels/test_moe_dispatch.py).
 
 What was measured and deleted, each slower on every engine shape it was timed at (H200, same sweep):
 - the nibble-half layout: the word layout was 7 / 13 / 13 / 5 / 5% faster at 4 / 32 / 128 / 1024 / 8192
   tokens (0.312 / 1.490 / 2.909 / 4.518 / 19.4 ms against 0.335 / 1.723 / 3.364 / 4.761 / 20.3), outputs
   bit-identical (moe4);
-- the per-element Triton decode on a GPU: 52 / 51 / 51 / 117% slower than the PTX decode at 4 / 32 / 128 /
-  1024 tokens (moe3, same tiles); it stays as the interpreter's form of the same bit programs;
+- the per-element Triton decode on a GPU: 52 / 51 / 51% slower than the PTX decode at 4 / 32 / 128 tokens
+  on the same tiles, 10.6 against 4.9 ms for the dispatched tiles at 1024 (moe3); the same bit programs in
+  Triton integer ops stay as the interpreter's form;
 - pointer loads of weights and scales: their best tiles took 0.442 / 2.018 / 3.810 / 7.525 / 29.4 ms at
   4 / 32 / 128 / 1024 / 8192 tokens against 0.368 / 1.768 / 3.470 / 4.901 / 20.0 on descriptors (moe3);
 - tokens on the MMA's wide side (unswapped): 1-2% slower than the same swapped tiles at 4 / 32 / 128 tokens
