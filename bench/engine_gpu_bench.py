@@ -5,8 +5,9 @@ once, then for each batch size B runs decode steps of B sequences that each hold
 (random latents in a paged cache with scattered blocks) through each variant:
 
 - `torch`: the reference backend (absorbed attention over gathered context, torch MoE paths)
-- `triton:<moe variant>`: the triton backend (paged split-KV decode kernel, fused MXFP4 MoE kernel,
-  MXFP4 GEMMs) with the named in-kernel dequantisation of the MoE
+- `triton:<moe kernel>`: the triton backend (paged split-KV decode kernel, fused MXFP4 MoE kernel,
+  MXFP4 GEMMs) with the named MoE kernel family (`fast` or `dot_scaled`, engine/kernels/moe_dispatch.py;
+  plain `triton` takes the dispatched one)
 
 Each variant's logits are compared with the torch backend's on the same step (max |diff| / max |ref|
 and greedy-token agreement), so a fast variant that computes the wrong thing shows here. The floor
@@ -164,8 +165,8 @@ def _check_logits(model, caches, ids, pos, meta, last_only: bool, variant: str) 
 
 
 def make_backend(variant: str):
-    """`torch`, `triton`, `triton:<moe variant>`, with `:graphs` at the end for CUDA-graph replays
-    (e.g. `triton:graphs`, `triton:swapped:graphs`)."""
+    """`torch`, `triton`, `triton:<moe kernel>`, with `:graphs` at the end for CUDA-graph replays
+    (e.g. `triton:graphs`, `triton:dot_scaled:graphs`)."""
     if variant == "torch":
         return get_backend("torch", "cuda")
     name, *rest = variant.split(":")

@@ -1,8 +1,11 @@
 """Tile configurations of the triton backend's kernels at Kimi-K2.5 width, timed alone on one GPU.
 
-- fused MXFP4 MoE (`triton_moe.fused_moe_mxfp4`): E=384 experts of H=7168 x L (2048/tp), top 8,
-  A4W4 numerics, for decode-sized and prefill-sized token counts; both in-kernel dequantisations;
-  split-K (K slices of both GEMMs: 1 = the whole-K kernels, None = the automatic choice)
+- fused MXFP4 MoE on the checkpoint layout (`triton_moe.fused_moe_mxfp4`, `tl.dot_scaled`; the fast
+  layout's tiles are swept by bench/engine_moe_gpu_bench.py): E=384 experts of H=7168 x L (2048/tp),
+  top 8, A4W4 numerics, for decode-sized and prefill-sized token counts; split-K (K slices of both
+  GEMMs: 1 = the whole-K kernels, None = the automatic choice). A tile field left None takes
+  `moe_dispatch.scaled_tiles`'s value (num_stages None: the dispatched stages, which may be Triton's
+  default)
 - paged MLA decode (`triton_attention.mla_decode`): r=512, rope 64, block 16, 8k contexts, the
   per-rank head counts of TP 2 and 4
 - dense MXFP4 GEMM in A4W4: FP4 x FP4 through `dot_scaled`, against quantise-dequantise of the
@@ -35,23 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK, R, P, PAGE = 384, 7168, 8, 512, 64, 16
-MOE_CONFIGS = [  # (variant, block_n, num_warps, num_stages, split_k): split 1 = whole K, None = auto
-    ("dequant", 64, 4, None, 1), ("dot_scaled", 64, 4, None, 1),
-    ("dequant", 128, 4, 3, 1), ("dot_scaled", 128, 4, 3, 1),
-    ("dequant", 128, 8, 3, 1), ("dot_scaled", 128, 8, 3, 1),
-    ("dequant", 64, 8, 4, 1), ("dot_scaled", 64, 8, 4, 1),
-    ("dequant", 32, 4, 4, 1), ("dot_scaled", 32, 4, 4, 1),
-    ("dot_scaled", 64, 4, None, None), ("dequant", 64, 4, None, None),
-    ("dot_scaled", 64, 4, None, 2), ("dot_scaled", 64, 4, None, 4),
-    ("dot_scaled", 64, 4, None, 8), ("dot_scaled", 64, 4, None, 14),
-    ("dot_scaled", 128, 4, 3, 4), ("dot_scaled", 32, 4, 4, 4),
+MOE_CONFIGS = [  # (block_n, num_warps, num_stages, split_k): split 1 = whole K, None = auto
+    (64, 4, None, 1), (128, 4, 3, 1), (128, 8, 3, 1), (64, 8, 4, 1), (32, 4, 4, 1),
+    (64, 4, None, None), (64, 4, None, 2), (64, 4, None, 4), (64, 4, None, 8), (64, 4, None, 14),
+    (128, 4, 3, 4), (32, 4, 4, 4),
 ]
-# (variant, block_n, num_warps, num_stages, block_k): longer K tiles and deeper pipelines keep more
-# weight bytes in flight per program, which is what a few-token (latency-bound) MoE lacks
+# (block_n, num_warps, num_stages, block_k): longer K tiles and deeper pipelines keep more weight bytes
+# in flight per program, which is what a few-token (latency-bound) MoE lacks
 MOE_K_CONFIGS = [
-    ("dot_scaled", 64, 4, 3, 256), ("dot_scaled", 64, 4, 4, 256), ("dot_scaled", 64, 8, 4, 256),
-    ("dot_scaled", 64, 4, 3, 512), ("dot_scaled", 128, 8, 3, 256), ("dequant", 64, 4, 3, 256),
-    ("dequant", 64, 4, 4, 256), ("dequant", 64, 8, 4, 512), ("dot_scaled", 32, 4, 5, 256),
+    (64, 4, 3, 256), (64, 4, 4, 256), (64, 8, 4, 256), (64, 4, 3, 512), (128, 8, 3, 256), (32, 4, 5, 256),
 ]
 GEMM_SPLITS = (1, 2, 4, 8, 16, None)  # for M <= 128 only
 ATTN_CONFIGS = [  # (block_h, block_n, num_warps, num_stages or None for Triton's default)
@@ -84,33 +79,31 @@ def tune_moe(tp: int, bw: float, tokens: list[int], reps: int, k_configs: bool =
         floor_ms = touched * expert_bytes / (bw * 1e9) * 1e3
         ref = None
         configs = [(*c, None) for c in MOE_CONFIGS] if not k_configs else \
-            [(v, bn, w, st, 1, bk) for v, bn, w, st, bk in MOE_K_CONFIGS]
-        for variant, bn, warps, stages, split, bk in configs:
-            kw = dict(a4w4=True, variant=variant, block_n=bn, num_warps=warps, num_stages=stages, split_k=split,
-                      block_k=bk)
-            cfg = [variant, bn, warps, stages, split, bk]
+            [(bn, w, st, 1, bk) for bn, w, st, bk in MOE_K_CONFIGS]
+        for bn, warps, stages, split, bk in configs:
+            kw = dict(a4w4=True, block_n=bn, num_warps=warps, num_stages=stages, split_k=split, block_k=bk)
+            cfg = [bn, warps, stages, split, bk]
             try:
                 out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw)
                 med, _ = cuda_time_ms(lambda kw=kw, x=x, ids=ids, wts=wts: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result
                 rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "error": str(exc)[:200]})
-                print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: FAILED {str(exc)[:80]}",
+                print(f"moe T={T:>5} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: FAILED {str(exc)[:80]}",
                       flush=True)
                 continue
             ref = out.float() if ref is None else ref
             err = float((out.float() - ref).abs().max() / ref.abs().max())
             rows.append({"kernel": "moe", "tp": tp, "T": T, "config": cfg, "ms": med,
                          "floor_ms": floor_ms, "x_floor": med / floor_ms, "experts_touched": touched, "diff_vs_first": err})
-            print(f"moe T={T:>5} {variant:<10} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
+            print(f"moe T={T:>5} bn={bn:<3} w={warps} s={stages} split={split} bk={bk}: {med:8.3f} ms  floor {floor_ms:6.3f}  "
                   f"x{med / floor_ms:5.1f}  diff {err:.1e}", flush=True)
     return rows
 
 
-# (variant, block_m, block_n, num_warps, num_stages, block_k) for prefill-sized token counts
+# (block_m, block_n, num_warps, num_stages, block_k) for prefill-sized token counts
 MOE_PREFILL_CONFIGS = [
-    ("dot_scaled", 64, 64, 4, None, 128), ("dot_scaled", 128, 64, 4, 3, 128), ("dot_scaled", 128, 128, 8, 3, 128),
-    ("dot_scaled", 64, 128, 4, 3, 128), ("dot_scaled", 128, 128, 8, 3, 64), ("dequant", 128, 128, 8, 3, 64),
-    ("dequant", 128, 64, 4, 3, 128), ("dequant", 64, 128, 8, 3, 64), ("dot_scaled", 128, 256, 8, 3, 64),
+    (64, 64, 4, None, 128), (128, 64, 4, 3, 128), (128, 128, 8, 3, 128), (64, 128, 4, 3, 128), (128, 128, 8, 3, 64),
+    (128, 256, 8, 3, 64),
 ]
 
 
@@ -124,21 +117,21 @@ def tune_moe_prefill(tp: int, T: int, reps: int) -> list[dict]:
     wts, ids = torch.randn(T, E, device="cuda").softmax(-1).topk(TOPK, dim=-1)
     flops = T * TOPK * 3 * L * H * 2
     rows, ref = [], None
-    for variant, bm, bn, warps, stages, bk in MOE_PREFILL_CONFIGS:
-        kw = dict(a4w4=True, variant=variant, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, block_k=bk)
+    for bm, bn, warps, stages, bk in MOE_PREFILL_CONFIGS:
+        kw = dict(a4w4=True, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, block_k=bk)
         try:
             out = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw).float()
             med, _ = cuda_time_ms(lambda kw=kw: fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, **kw), reps)
         except Exception as exc:  # noqa: BLE001
             rows.append({"kernel": "moe_prefill", "T": T, "config": list(kw.values())[1:], "error": str(exc)[:200]})
-            print(f"moe T={T} {variant} bm={bm} bn={bn} w={warps} s={stages} bk={bk}: FAILED {str(exc)[:80]}", flush=True)
+            print(f"moe T={T} bm={bm} bn={bn} w={warps} s={stages} bk={bk}: FAILED {str(exc)[:80]}", flush=True)
             continue
         ref = out if ref is None else ref
         err = float((out - ref).abs().max() / ref.abs().max())
         tflops = flops / (med / 1e3) / 1e12
-        rows.append({"kernel": "moe_prefill", "T": T, "config": [variant, bm, bn, warps, stages, bk], "ms": med,
+        rows.append({"kernel": "moe_prefill", "T": T, "config": [bm, bn, warps, stages, bk], "ms": med,
                      "tflops": tflops, "diff_vs_first": err})
-        print(f"moe T={T} {variant:<10} bm={bm:<3} bn={bn:<3} w={warps} s={stages} bk={bk:<3}: {med:8.2f} ms  "
+        print(f"moe T={T} bm={bm:<3} bn={bn:<3} w={warps} s={stages} bk={bk:<3}: {med:8.2f} ms  "
               f"{tflops:6.1f} TFLOP/s  diff {err:.1e}", flush=True)
     return rows
 

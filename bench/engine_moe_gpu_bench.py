@@ -1,9 +1,9 @@
 """The routed-expert MoE kernels alone on one GPU at Kimi-K2.5 width, against their byte floor.
 
 E=384 experts, H=7168, L=2048/tp, top 8, A4W4 numerics (the bench checkpoint's), random MXFP4
-weights with scales near 2^-7. For each token count: the checkpoint-layout kernel
-(`triton_moe.fused_moe_mxfp4`, `dot_scaled`, the default before the fast layout) and the fast
-layout (`triton_moe_fast.fused_moe_fast`) at its dispatched tiles and at a few others. Each call is
+weights with scales near 2^-7. For each token count: both kernel families of `moe_dispatch`, the
+checkpoint-layout kernel (`triton_moe.fused_moe_mxfp4`, `tl.dot_scaled`) and the fast layout
+(`triton_moe_fast.fused_moe_fast`), each at its dispatched tiles, and the fast one at a few others. Each call is
 captured in a CUDA graph and replayed (so decode sizes are not timed as host launch gaps); median of
 CUDA-event timings. Floor: the touched experts' bytes (weights + scales) over the measured copy
 bandwidth; at prefill sizes the kernel is compute-bound, so TFLOP/s is printed too. `--profile`
@@ -22,26 +22,24 @@ from pathlib import Path
 
 import torch
 
+from k2bench.engine.kernels.moe_dispatch import FAST_PREFILL_PAIRS, FastTiles, fast_tiles, scaled_tiles
 from k2bench.engine.kernels.moe_fast_layout import relayout_experts
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
-from k2bench.engine.kernels.triton_moe_fast import FastConfig, fast_config, fused_moe_fast
+from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, swap, asm decode, prefetch, desc, words, split_k): desc = weights
-# and scales through tensor descriptors (TMA), pipelined num_stages deep; words = the word-packed layout
-# (moe_fast_layout.WORD_BITS), else nibble halves. 256 weight rows per program (16x256, 8 warps, swapped,
-# pointer loads) stopped an H200 run with a misaligned-address fault; on descriptors they measured slower
-# than 128 (bench/results/2026-12-01_h200_moe4).
+# (block_m, block_n, num_warps, num_stages, prefetch, split_k): the dispatched rows' neighbours
+# (moe_dispatch.FAST_TILES says what they measured). 256 weight rows per program on pointer loads once
+# stopped an H200 run with a misaligned-address fault; on descriptors they measured slower than 128
+# (bench/results/2026-12-01_h200_moe4).
 DECODE_SWEEP = [
-    (16, 128, 4, 4, True, True, True, True, False, 1), (16, 128, 4, 3, True, True, True, True, True, 1),
-    (16, 256, 4, 3, True, True, True, True, True, 1), (32, 128, 4, 4, True, True, True, True, True, 1),
+    (16, 128, 4, 3, True, 1), (16, 256, 4, 3, True, 1), (32, 128, 4, 4, True, 1), (16, 128, 4, 4, False, 1),
+    (16, 128, 4, 4, True, 2),
 ]
-PREFILL_SWEEP = [
-    (64, 128, 8, 4, True, True, False, True, False, 1), (64, 128, 8, 3, True, True, False, True, True, 1),
-]
+PREFILL_SWEEP = [(64, 128, 8, 3, False, 1), (64, 128, 8, 4, True, 1)]
 
 
 def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,9 +48,9 @@ def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w, s
 
 
-def describe(cfg: FastConfig) -> str:
-    return (f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} {'swap' if cfg.swap else 'plain'} "
-            f"{'asm' if cfg.asm else 'elem'} {'pf' if cfg.prefetch else 'nopf'} {'desc' if cfg.desc else 'ptr'}")
+def describe(cfg) -> str:
+    pf = "" if not isinstance(cfg, FastTiles) else (" pf" if cfg.prefetch else " nopf")
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{pf}"
 
 
 def graph_time_ms(fn, reps: int) -> float:
@@ -98,8 +96,7 @@ def main() -> int:
     bw = copy_bandwidth_gbs()
     w13, s13 = random_mxfp4(E, 2 * L, H)
     w2, s2 = random_mxfp4(E, H, L)
-    fast = relayout_experts(w13, s13, w2, s2, words=False)  # nibble halves, the layout before words
-    fast_words = relayout_experts(w13, s13, w2, s2)
+    fast = relayout_experts(w13, s13, w2, s2)
     expert_bytes = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     print(f"copy bandwidth {bw:.0f} GB/s; E={E} H={H} L={L} top {TOPK}, A4W4", flush=True)
     rows = []
@@ -110,20 +107,18 @@ def main() -> int:
         touched = int(torch.unique(ids).numel())
         floor_ms = touched * expert_bytes / (bw * 1e9) * 1e3
         flops = T * TOPK * 3 * L * H * 2
-        ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled").float()
-        auto = fast_config(T * TOPK, E)
-        sweep = (PREFILL_SWEEP if T * TOPK >= 128 * E else DECODE_SWEEP) if args.sweep else []
-        runs = [("dot_scaled", None, 1), ("fast", None, 1), ("words", None, 1)]
-        runs += [("words" if c[8] else "fast", FastConfig(*c[:8]), c[9]) for c in sweep]
+        ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True).float()
+        sweep = (PREFILL_SWEEP if T * TOPK >= FAST_PREFILL_PAIRS * E else DECODE_SWEEP) if args.sweep else []
+        runs = [("dot_scaled", None, 1), ("fast", None, 1)]
+        runs += [("fast", FastTiles(*c[:5]), c[5]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
-                fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True, variant="dot_scaled")
+                fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True)
+                label = f"dot_scaled (dispatch {describe(scaled_tiles(T * TOPK, E))})"
             else:
-                experts = fast_words if name == "words" else fast
-                fn = partial(fused_moe_fast, x, ids, wts, experts, a4w4=True, config=cfg, split_k=split)
-            label = name if cfg is None else f"{name} {describe(cfg)} split{split}"
-            if name != "dot_scaled" and cfg is None:
-                label = f"{name} (dispatch {describe(auto)})"
+                fn = partial(fused_moe_fast, x, ids, wts, fast, a4w4=True, config=cfg, split_k=split)
+                label = f"fast (dispatch {describe(fast_tiles(T * TOPK, E))})" if cfg is None else \
+                    f"fast {describe(cfg)} split{split}"
             try:
                 err = float((fn().float() - ref).abs().max() / ref.abs().max())
                 ms = graph_time_ms(fn, args.reps)

@@ -5,27 +5,25 @@ broadcast, a multiply, a NaN select and a register layout conversion; at decode 
 bytes, set the MoE's time (bench/results/2026-11-30_h200_engine). Here the weights are re-laid out
 once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
 
-- K is cut into chunks of 64. Byte j of a row's chunk holds code k=j in its low nibble and k=32+j in
-  its high nibble, so the low nibbles of a [rows, 32] byte tile are one whole scale group and the
-  high nibbles the next one: each half gets one scale per row, no interleave, no reshape.
-- Chunks are the outer dimension ([E, K/64, N, 32] bytes, [E, K/64, N, 2] scales): one program's
-  tile of a chunk is a single contiguous run of rows x 32 bytes (whole 16-byte vectors).
+- K is cut into chunks of 64, two scale groups each; chunks are the outer dimension ([E, K/64, N, 32]
+  bytes, [E, K/64, N, 2] scales): one program's tile of a chunk is a single contiguous run of rows x 32
+  bytes, which a tensor descriptor reads as [rows, 8] 32-bit words.
+- The 32 bytes of a row's chunk are eight 32-bit words whose bits land in the wgmma register operand
+  with a few integer ops each. A thread's A fragment of a row holds, for its q = lane % 4, the
+  k = 32h + 16s + 8c + 2q + l (s, c, l in {0, 1}): eight values of one scale group h, as four bf16x2
+  registers (pair j = 2s + c, lane l = the register's 16-bit half). Word 2q + h of the row holds exactly
+  those eight codes, code bit b of pair j at bit WORD_BITS[j][b] + 16 l, so one 8-byte shared-memory
+  load gives a thread both of its words and each pair comes out as `(w << 6) & M`, `((w & m) * 18) & M`,
+  `w & M` or `(((w >> 10) & m) * 0x8020) & M` (M = 0x81C081C0: sign at 15, magnitude at 6-8 of each
+  half; the positions were found by a search over shift, mask and multiply programs, and the multiplies'
+  shifted copies never overlap, so no carry reaches a kept bit): 10 integer ops per 8 values.
+  `triton_moe_fast.words_to_operand` decodes them. (An earlier layout of nibble halves, one scale group
+  per half of a byte, took 14 with its byte permutes and measured 5-13% slower; `moe_dispatch`.)
 - Decode: (sign << 15) | ((code & 7) << 6) is, as bf16 bits, the E2M1 value times 2^-126 (codes 0
   and 1, i.e. 0 and 0.5, land on bf16's subnormals); the 2^126 is folded into the scale, so
   bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
   exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
   larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
-- Words (`words=True`, the default): the same 32 bytes per row and chunk, the same scales, but re-packed
-  as eight 32-bit words whose bits land in the wgmma register operand with a few integer ops each. A
-  thread's A fragment of a row holds, for its q = lane % 4, the k = 32h + 16s + 8c + 2q + l
-  (s, c, l in {0, 1}): eight values of one scale group h, as four bf16x2 registers (pair j = 2s + c,
-  lane l = the register's 16-bit half). Word 2q + h of the row holds exactly those eight codes, code
-  bit b of pair j at bit WORD_BITS[j][b] + 16 l, so one 8-byte shared-memory load gives a thread both
-  of its words and each pair comes out as `(w << 6) & M`, `((w & m) * 18) & M`, `w & M` or
-  `(((w >> 10) & m) * 0x8020) & M` (M = 0x81C081C0: sign at 15, magnitude at 6-8 of each half; the
-  positions were found by a search over shift, mask and multiply programs, and the multiplies' shifted
-  copies never overlap, so no carry reaches a kept bit): 10 integer ops per 8 values where the
-  nibble layout takes 14 (its byte permutes included). `triton_moe_words` decodes them.
 """
 
 from __future__ import annotations
@@ -55,13 +53,12 @@ class NanScaleError(ScaleRangeError):
 class FastExperts:
     """One layer's experts in the fast layout; `k13`/`k2` are the true (unpadded) K of each GEMM."""
 
-    w13: torch.Tensor  # uint8 [E, H/64, 2L, 32]
+    w13: torch.Tensor  # uint8 [E, H/64, 2L, 32]: per row and chunk the eight WORD_BITS words
     s13: torch.Tensor  # uint8 [E, H/64, 2L, 2]
     w2: torch.Tensor  # uint8 [E, L/64, H, 32]
     s2: torch.Tensor  # uint8 [E, L/64, H, 2]
     hidden: int
     inter: int
-    words: bool = False  # the 32 bytes of a row's chunk are WORD_BITS words (else nibble halves)
 
 
 def _pack_words(codes: torch.Tensor) -> torch.Tensor:
@@ -80,7 +77,7 @@ def _pack_words(codes: torch.Tensor) -> torch.Tensor:
     return word.to(torch.int32).view(torch.uint8).view(n, chunks, 32)  # little-endian words
 
 
-def _relayout(w: torch.Tensor, s: torch.Tensor, words: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _relayout(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint [E, N, K/2] + [E, N, K/32] -> [E, Kp/64, N, 32] + [E, Kp/64, N, 2], Kp = K padded to 64
     with zero codes; one expert at a time, so the unpacked codes never exist for the whole stack."""
     E, N, half = w.shape
@@ -92,21 +89,15 @@ def _relayout(w: torch.Tensor, s: torch.Tensor, words: bool) -> tuple[torch.Tens
         codes = torch.zeros(N, chunks * CHUNK, dtype=torch.uint8, device=w.device)
         codes[:, 0:k:2] = w[e] & 15
         codes[:, 1:k:2] = w[e] >> 4
-        if words:
-            wf[e] = _pack_words(codes.view(N, chunks, CHUNK)).transpose(0, 1)
-        else:
-            codes = codes.view(N, chunks, 2, CHUNK // 2)
-            wf[e] = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(0, 1)
+        wf[e] = _pack_words(codes.view(N, chunks, CHUNK)).transpose(0, 1)
         groups = torch.full((N, chunks * 2), 127, dtype=torch.uint8, device=w.device)
         groups[:, : k // BLOCK] = s[e]  # group g of chunk c is column 2c + g
         sf[e] = groups.view(N, chunks, 2).transpose(0, 1)
     return wf, sf
 
 
-def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
-                     words: bool = True) -> FastExperts:
-    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`; words: the
-    WORD_BITS packing (decoded only by swapped descriptor tiles), else nibble halves.
+def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor) -> FastExperts:
+    """Re-lay a layer's packed experts (checkpoint layout, see triton_moe) for `fused_moe_fast`.
 
     Raises NanScaleError for the code 0xFF, ScaleRangeError above MAX_SCALE_CODE (one host sync: load time).
     """
@@ -116,6 +107,6 @@ def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2:
             raise NanScaleError(f"{name} holds the E8M0 NaN code 0xFF")
         if top > MAX_SCALE_CODE:
             raise ScaleRangeError(f"{name} holds scale 2^{top - 127}, above the fast layout's 2^{MAX_SCALE_CODE - 127}")
-    f13, g13 = _relayout(w13, s13, words)
-    f2, g2 = _relayout(w2, s2, words)
-    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2, words=words)
+    f13, g13 = _relayout(w13, s13)
+    f2, g2 = _relayout(w2, s2)
+    return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2)

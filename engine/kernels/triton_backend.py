@@ -4,10 +4,11 @@
   mode feeds activations as bf16; A4W4 quantises them per 32 along K (the engine's quantiser) and
   feeds E2M1 + E8M0 on both sides. Where the hardware has no FP4 units (Hopper, the CPU interpreter)
   Triton upcasts inside the kernel.
-- Routed experts: on GPUs without FP4 units `triton_moe_fast.fused_moe_fast` on weights re-laid out
-  once (`prepare_moe`, at load) for a few-instruction E2M1 decode; elsewhere (FP4 units, the CPU
-  interpreter) `triton_moe.fused_moe_mxfp4` on the checkpoint layout through `tl.dot_scaled`. Both
-  sort pairs by expert on the device, read each touched expert's weights once per step, no host sync.
+- Routed experts: which kernel family and tiles run where is `moe_dispatch`'s table: on NVIDIA GPUs
+  without FP4 units `triton_moe_fast.fused_moe_fast` on weights re-laid out once (`prepare_moe`, at
+  load) for a few-instruction E2M1 decode; elsewhere (FP4 units, ROCm, the CPU interpreter)
+  `triton_moe.fused_moe_mxfp4` on the checkpoint layout through `tl.dot_scaled`. Both sort pairs by
+  expert on the device, read each touched expert's weights once per step, no host sync.
 - Attention: prefill chunks in the expanded MLA form through PyTorch's flash SDPA
   (`prefill_attention`), decodes in the absorbed form through the paged split-KV kernel
   `triton_attention.mla_decode`, which reads the latent cache in place.
@@ -29,7 +30,9 @@ import triton
 import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
+from k2bench.engine.kernels import moe_dispatch
 from k2bench.engine.kernels.backend import AttentionPlan, BackendError
+from k2bench.engine.kernels.moe_dispatch import MOE_KERNELS, fast_tiles, native_fp4
 from k2bench.engine.kernels.moe_fast_layout import (
     CHUNK,
     FastExperts,
@@ -39,8 +42,9 @@ from k2bench.engine.kernels.moe_fast_layout import (
 )
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
-from k2bench.engine.kernels.triton_moe import auto_split_k, fused_moe_mxfp4, split_sizes
-from k2bench.engine.kernels.triton_moe_fast import fast_config, fused_moe_fast
+from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
+from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
+from k2bench.engine.kernels.triton_moe_glue import split_sizes
 from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm, swiglu
 from k2bench.engine.kernels.triton_quant import fake_quantize
 from k2bench.engine.kernels.triton_routing import route_experts
@@ -98,16 +102,6 @@ def _block_k(k: int) -> int:
     return BLOCK
 
 
-def native_fp4(device: torch.device) -> bool:
-    """Whether the GPU multiplies FP4 natively (Blackwell, or gfx950 under ROCm); the CPU interpreter
-    counts as native so the tests exercise the FP4 x FP4 form."""
-    if device.type != "cuda":
-        return True
-    if torch.version.hip:
-        return "gfx95" in torch.cuda.get_device_properties(device).gcnArchName
-    return torch.cuda.get_device_capability(device) >= (10, 0)
-
-
 # auto split-K only for decode-sized M: prefill launches already have programs to spare
 GEMM_SPLIT_MAX_M = 64
 # From this many rows on, a GPU without FP4 units runs an MXFP4 linear as one dequantisation to bf16
@@ -133,7 +127,7 @@ def gemm_split_k(m: int, n: int, k: int) -> int:
     if m > GEMM_SPLIT_MAX_M:
         return 1
     bm, bn = _gemm_tiles(m, n)
-    return auto_split_k(triton.cdiv(m, bm) * triton.cdiv(n, bn), triton.cdiv(k, _block_k(k)))
+    return moe_dispatch.split_k(triton.cdiv(m, bm) * triton.cdiv(n, bn), triton.cdiv(k, _block_k(k)))
 
 
 def _gemm_tiles(m: int, n: int) -> tuple[int, int]:
@@ -199,8 +193,8 @@ def _dense_split(programs: int, k: int, rows: int) -> int:
     """K slices of one dense GEMM run as a one-expert MoE: one expert gives few programs (e.g. 32 tiles of
     64 rows for a 2048-wide shared expert), so K is split until the SMs all stream weights, but only as
     far as the float32 partials (written, then read back) cost at most a quarter of the weight bytes."""
-    cap = max(1, (k * 17 // 32) // (rows * 8 * 4))  # a weight row is K * 17/32 bytes (E2M1 + E8M0)
-    return min(auto_split_k(programs, triton.cdiv(k, CHUNK)), cap)
+    cap = (k * 17 // 32) // (rows * 8 * 4)  # a weight row is K * 17/32 bytes (E2M1 + E8M0)
+    return moe_dispatch.split_k(programs, triton.cdiv(k, CHUNK), max_slices=cap)
 
 
 @dataclass
@@ -288,8 +282,8 @@ class TritonBackend(TorchBackend):
         super().__init__(device)
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendError("the triton backend needs a GPU, or TRITON_INTERPRET=1 on CPU (tests only)")
-        # the fused MoE's weight path: "fast" (triton_moe_fast's layout), or a triton_moe variant
-        # ("dot_scaled", "dequant") on the checkpoint layout; None: "fast" on an NVIDIA GPU without FP4 units
+        # the routed experts' kernel family (moe_dispatch.MOE_KERNELS): "fast" (triton_moe_fast's layout) or
+        # "dot_scaled" (triton_moe on the checkpoint layout); None: moe_dispatch.moe_kernel's choice
         self.moe_variant: str | None = None
         self._fast: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # by id(w13), checked by ref
         self._dense: dict[int, tuple[weakref.ref, FastExperts | None]] = {}  # dense MLPs as one expert
@@ -311,11 +305,11 @@ class TritonBackend(TorchBackend):
                              renormalize=renormalize, scale=scale)
 
     def _moe_variant(self, device: torch.device) -> str:
-        if self.moe_variant is not None:
-            return self.moe_variant
-        # the fast path's decode is PTX: NVIDIA GPUs without FP4 units (Hopper) only; ROCm (unverified
-        # there) and FP4 hardware keep tl.dot_scaled
-        return "fast" if device.type == "cuda" and not torch.version.hip and not native_fp4(device) else "dot_scaled"
+        if self.moe_variant is None:
+            return moe_dispatch.moe_kernel(device)
+        if self.moe_variant not in MOE_KERNELS:
+            raise BackendError(f"unknown MoE kernel {self.moe_variant!r}; valid: {', '.join(MOE_KERNELS)}")
+        return self.moe_variant
 
     def _fast_experts(self, w13, w13_scale, w2, w2_scale, *, dense: bool = False) -> FastExperts | None:
         """The fast layout of one expert stack, or of one dense MLP as a stack of one expert (`dense`), built
@@ -356,10 +350,9 @@ class TritonBackend(TorchBackend):
             fast = self._fast_experts(w13, w13_scale, w2, w2_scale)
             if fast is not None:
                 return fused_moe_fast(x, topk_ids, topk_weights, fast, a4w4=a4w4, add=add, x_quantized=x_quantized)
-            variant = "dot_scaled"
         _check_kept(w13)
-        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, variant=variant,
-                               add=add, x_quantized=x_quantized)
+        return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add,
+                               x_quantized=x_quantized)
 
     def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False, x_quantized=False):
         """Below DEQUANT_MIN_M rows on the fast variant, the MLP runs as a one-expert fused MoE: the fast
@@ -374,7 +367,7 @@ class TritonBackend(TorchBackend):
             return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
         ids, weights = self._one_expert_routing(rows, x.device)
         x2 = x.reshape(rows, x.shape[-1])
-        cfg = fast_config(rows, 1)
+        cfg = fast_tiles(rows, 1)
         blocks = triton.cdiv(rows, cfg.block_m)
         split1 = _dense_split(blocks * triton.cdiv(fast.inter, cfg.block_n), fast.hidden, rows)
         split2 = _dense_split(blocks * triton.cdiv(fast.hidden, cfg.block_n), fast.inter, rows)

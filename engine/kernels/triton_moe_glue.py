@@ -1,4 +1,7 @@
-"""The fused MoE's glue as four Triton kernels: pair alignment (two), the bridge between the GEMMs, the combine.
+"""The fused MoE's glue, shared by both kernel families (`triton_moe`, `triton_moe_fast`; which runs where:
+`moe_dispatch`): four Triton kernels (pair alignment (two), the bridge between the GEMMs, the combine), the
+host-side run around the two GEMMs (`run_moe`: checks, K slices, buffers) and the GEMM kernels' shared
+pieces (`block_pairs`, `k_range`, `store_gate_up`).
 
 In torch this glue was about thirty launches per MoE layer at decode (sort, searchsorted, cumsum, scatter
 and a dozen index ops to sort the (token, expert) pairs; sum, sigmoid, multiply and the activation quantiser
@@ -17,6 +20,8 @@ bench/engine_wave_bench.py).
   padding slot, and every block's expert; its programs split the chunks and the blocks between them.
 - `moe_bridge`: split-K gate/up partials -> sum over slices -> silu(gate) * up -> bf16, or in A4W4 the
   MXFP4 quantise-dequantise of h (`triton_quant.mx_fake_quant`, bit-equal to the torch quantiser).
+- `run_moe`: argument checks, alignment, K slices (`split_sizes`), the activations as the GEMMs read them,
+  the h and y buffers, then gate/up, bridge, down and combine; the family supplies its two launches.
 - `moe_combine`: y partials [slices, pairs, H] (routing weights applied) -> sum over slices, then over a
   token's k experts in order -> x's dtype, plus an optional addend (the shared experts' output) rounded
   as torch's `out + add` would round it.
@@ -24,13 +29,15 @@ bench/engine_wave_bench.py).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from k2bench.engine.kernels.triton_quant import mx_fake_quant, round_bf16, round_to
+from k2bench.engine.kernels.triton_quant import fake_quantize, mx_fake_quant, round_bf16, round_to
 from k2bench.engine.model.mxfp4 import BLOCK
 
 # Alignment work split: pairs in chunks of a power of two from 64 up, so that there are at most
@@ -237,3 +244,113 @@ def moe_combine(y: torch.Tensor, topk: int, dtype: torch.dtype, add: torch.Tenso
             TOPK=topk, ADD=add is not None, BF16=dtype == torch.bfloat16, BH=min(COMBINE_COLS, triton.next_power_of_2(hidden)),
         )
     return out
+
+
+def split_sizes(k: int, bk: int, split_k: int) -> tuple[int, int]:
+    """(slices, K per slice) for a requested split: whole BK tiles per slice, no empty slice (the last
+    may be shorter, e.g. 7 tiles over 3 slices -> 3, 3, 1)."""
+    tiles = triton.cdiv(k, bk)
+    per = triton.cdiv(tiles, max(1, min(split_k, tiles)))
+    return triton.cdiv(tiles, per), per * bk
+
+
+def check_split(split_k: int | None, down_split_k: int | None) -> None:
+    for name, val in (("split_k", split_k), ("down_split_k", down_split_k)):
+        if val is not None and val < 1:
+            raise ValueError(f"{name} must be >= 1, got {val}")
+
+
+def check_routing(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, hidden: int) -> None:
+    if x.dim() != 2 or x.shape[1] != hidden or topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
+            or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x [T, {hidden}], topk_ids and topk_weights [T, k] expected; got {tuple(x.shape)}, "
+                         f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}")
+
+
+@triton.jit
+def k_range(K, K_SPLIT, SPLIT: tl.constexpr):
+    """The K range of this program: slice program_id(2) of K_SPLIT values when SPLIT, else all of K."""
+    if SPLIT:
+        k_lo = tl.program_id(2) * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    else:
+        k_lo = 0
+        k_hi = K
+    return k_lo, k_hi
+
+
+@triton.jit
+def block_pairs(pairs_ptr, num_pairs, BM: tl.constexpr, BN: tl.constexpr):
+    """A GEMM program's work: its block's sorted pairs (block program_id(0); padding slots are not valid)
+    and its BN output columns (tile program_id(1))."""
+    pair = tl.load(pairs_ptr + tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    return pair, pair < num_pairs, tl.program_id(1) * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def store_gate_up(h_ptr, offs, acc_g, acc_u, mask, L, s_hs, SPLIT: tl.constexpr):
+    """The gate/up GEMM's output at h_ptr + offs (pair * row stride + column, in the caller's tile
+    orientation): SPLIT: float32 partial gate sums in slice program_id(2) and up sums L columns after
+    them (silu waits for the complete sums, in the bridge); else silu(gate) * up in h's dtype."""
+    if SPLIT:
+        dst = h_ptr + tl.program_id(2) * s_hs + offs
+        tl.store(dst, acc_g, mask=mask)
+        tl.store(dst + L, acc_u, mask=mask)
+    else:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class MoeRun:
+    """What a family's two launches need besides their weights (see `run_moe`)."""
+
+    align: MoeAlignment
+    num_blocks: int
+    pairs: int
+    topk: int
+    interpret: bool
+
+
+GateUpLaunch = Callable[[MoeRun, torch.Tensor, torch.Tensor, int, int, int, int], None]
+DownLaunch = Callable[[MoeRun, torch.Tensor, torch.Tensor, torch.Tensor, int, int], None]
+
+
+def run_moe(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, num_experts: int, hidden: int,
+    inter: int, block_m: int, bk1: int, bk2: int, splits: Callable[[int], tuple[int, int]], a4w4: bool,
+    x_quantized: bool, add: torch.Tensor | None, gate_up: GateUpLaunch, down: DownLaunch,
+) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)) around a family's launches.
+
+    splits(num_blocks) -> the wanted K slices of (gate/up, down), cut here into whole bk1 / bk2 tiles.
+    gate_up(run, xa, h, slices, k_per_slice, s_hp, s_hs) writes h: float32 partial gate | up sums
+    [slices, pairs, 2L] when split, else silu(gate) * up [pairs, L] (float32 in A4W4, which the bridge
+    then quantises, and under the interpreter, whose bf16 cast truncates where the GPU's rounds).
+    down(run, h, y, route_w, slices, k_per_slice) writes weighted float32 rows y [slices, pairs, H].
+    x_quantized: x already holds its A4W4 values (`rms_norm(quantize=True)`), bf16 holds them exactly.
+    """
+    check_routing(x, topk_ids, topk_weights, hidden)
+    tokens, topk = topk_ids.shape
+    pairs = tokens * topk
+    if pairs == 0:
+        return torch.zeros_like(x) if add is None else add.to(x.dtype, copy=True)
+    align = moe_align(topk_ids, num_experts, block_m)
+    run = MoeRun(align, align.block_experts.numel(), pairs, topk, os.environ.get("TRITON_INTERPRET") == "1")
+    want1, want2 = splits(run.num_blocks)
+    split1, ksplit1 = split_sizes(hidden, bk1, want1)
+    split2, ksplit2 = split_sizes(inter, bk2, want2)
+    xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
+    if split1 > 1:
+        h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
+        s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
+    else:
+        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or run.interpret else torch.bfloat16,
+                            device=x.device)
+        s_hp, s_hs = h_buf.stride(0), 0
+    gate_up(run, xa, h_buf, split1, ksplit1, s_hp, s_hs)
+    h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
+    route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
+    down(run, h, y, route_w, split2, ksplit2)
+    return moe_combine(y, topk, x.dtype, add)

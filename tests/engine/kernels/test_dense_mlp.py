@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 b = TritonBackend()
 b.moe_variant = "fast"
 cases = []
-# (H, L, rows): H=512 splits gate/up's K in two (auto_split_k); rows 20 take the batched tiles
+# (H, L, rows): H=512 splits gate/up's K in two (moe_dispatch.split_k); rows 20 take the batched tiles
 for si, (H, L, T) in enumerate([(128, 64, 3), (512, 256, 3), (256, 192, 20)]):
     g, w, d13, d2 = make(40 + si, 1, H, L)
     w13, s13, w2, s2 = (t[0] for t in w)  # one expert = the dense MLP's [2L, H/2] and [H, L/2] weights

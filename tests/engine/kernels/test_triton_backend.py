@@ -141,8 +141,9 @@ def test_split_k_gemm_under_interpreter():
 
 def test_gemm_auto_split_heuristic():
     """Decode-sized M at Kimi widths gets enough K slices to fill an H200; prefill and short K stay whole."""
+    from k2bench.engine.kernels.moe_dispatch import MIN_SPLIT_TILES, SPLIT_TARGET_PROGRAMS
     from k2bench.engine.kernels.triton_backend import gemm_split_k
-    from k2bench.engine.kernels.triton_moe import MIN_SPLIT_TILES, SPLIT_TARGET_PROGRAMS, split_sizes
+    from k2bench.engine.kernels.triton_moe_glue import split_sizes
 
     for m, n, k in [(1, 18432, 7168), (4, 18432, 7168), (4, 7168, 9216), (64, 18432, 7168)]:
         split = gemm_split_k(m, n, k)
@@ -157,7 +158,7 @@ def test_gemm_auto_split_heuristic():
 
 
 def test_split_sizes_cover_k_in_whole_tiles():
-    from k2bench.engine.kernels.triton_moe import split_sizes
+    from k2bench.engine.kernels.triton_moe_glue import split_sizes
 
     for tiles in range(1, 40):
         for want in range(1, 50):

@@ -63,16 +63,15 @@ for si, (E, H, L, k, T, over, skew) in enumerate(shapes):
         xd = x.to(dtype)
         for a4w4 in (False, True):
             ref, flip = reference(xd, ids, wts, d13, d2, a4w4)
-            for variant in ("dequant", "dot_scaled"):
-                got = fused_moe_mxfp4(xd, ids, wts, *w, a4w4=a4w4, variant=variant, **over)
-                err = (got.double() - ref).abs()
-                tol = 1e-5 * ref.abs().max() + flip
-                if dtype == torch.bfloat16:
-                    tol = tol + 2.0**-8 * ref.abs()
-                cases.append({"case": [E, H, L, k, T, str(dtype), a4w4, variant, over],
-                              "dtype_ok": got.dtype == dtype and list(got.shape) == [T, H],
-                              "worst": float((err / tol).max()), "err": float(err.max()), "flips": bool(flip.any()),
-                              "scale": float(ref.abs().max())})
+            got = fused_moe_mxfp4(xd, ids, wts, *w, a4w4=a4w4, **over)
+            err = (got.double() - ref).abs()
+            tol = 1e-5 * ref.abs().max() + flip
+            if dtype == torch.bfloat16:
+                tol = tol + 2.0**-8 * ref.abs()
+            cases.append({"case": [E, H, L, k, T, str(dtype), a4w4, over],
+                          "dtype_ok": got.dtype == dtype and list(got.shape) == [T, H],
+                          "worst": float((err / tol).max()), "err": float(err.max()), "flips": bool(flip.any()),
+                          "scale": float(ref.abs().max())})
 
 # Split-K: H=256 is 8 K tiles of 32 and L=96 is 3, so (3, 2) slices them 3+3+2 and 2+1 (uneven),
 # 5 -> 4 slices of 2 along H; (None, None) is the automatic choice (2 slices of H, L whole);
@@ -85,20 +84,17 @@ x = torch.randn(T, H, generator=g) * 2
 ids, wts = routing(g, T, k, torch.arange(1, E))
 for a4w4 in (False, True):
     ref, flip = reference(x, ids, wts, d13, d2, a4w4)
-    for variant in ("dequant", "dot_scaled"):
-        splits = [(3, 2), (None, None)] + ([(5, None), (1, 2)] if variant == "dot_scaled" else [])
-        for split_k, down_split_k in splits:
-            got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=a4w4, variant=variant, block_k=32, split_k=split_k,
-                                  down_split_k=down_split_k)
-            err = (got.double() - ref).abs()
-            split_cases.append({"case": [a4w4, variant, split_k, down_split_k], "shape_ok": list(got.shape) == [T, H],
-                                "worst": float((err / (1e-5 * ref.abs().max() + flip)).max()),
-                                "scale": float(ref.abs().max())})
+    for split_k, down_split_k in [(3, 2), (None, None), (5, None), (1, 2)]:
+        got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=a4w4, block_k=32, split_k=split_k, down_split_k=down_split_k)
+        err = (got.double() - ref).abs()
+        split_cases.append({"case": [a4w4, split_k, down_split_k], "shape_ok": list(got.shape) == [T, H],
+                            "worst": float((err / (1e-5 * ref.abs().max() + flip)).max()),
+                            "scale": float(ref.abs().max())})
 xb = x.to(torch.bfloat16)  # one bf16 output: the final cast happens after the split sums
 ref, flip = reference(xb, ids, wts, d13, d2, False)
 got = fused_moe_mxfp4(xb, ids, wts, *w, block_k=32, split_k=3, down_split_k=2)
 err = (got.double() - ref).abs()
-split_cases.append({"case": ["bf16", "dot_scaled", 3, 2], "shape_ok": got.dtype == torch.bfloat16,
+split_cases.append({"case": ["bf16", 3, 2], "shape_ok": got.dtype == torch.bfloat16,
                     "worst": float((err / (1e-5 * ref.abs().max() + flip + 2.0**-8 * ref.abs())).max()),
                     "scale": float(ref.abs().max())})
 
@@ -109,9 +105,8 @@ for T in (1, 12):  # 3 pairs <= 12 experts: its batched per-pair path; 36 pairs:
     x = torch.randn(T, 128, generator=g)
     ids, wts = routing(g, T, 3, torch.arange(1, 11))
     want = TorchBackend().fused_moe(x, ids, wts, *w, a4w4=True)
-    for variant in ("dequant", "dot_scaled"):
-        got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True, variant=variant)
-        agree.append({"T": T, "variant": variant, "rel": float((got - want).abs().max() / want.abs().max())})
+    got = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True)
+    agree.append({"T": T, "rel": float((got - want).abs().max() / want.abs().max())})
 print("RESULT" + json.dumps({"cases": cases, "agree": agree, "split": split_cases}))
 """
 
@@ -121,9 +116,9 @@ def interpreted():
     return run_interpreted(CHILD)
 
 
-def test_both_variants_match_float64_reference(interpreted):
+def test_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
-    assert len(cases) == 4 * 2 * 2 * 2
+    assert len(cases) == 4 * 2 * 2
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -131,14 +126,14 @@ def test_both_variants_match_float64_reference(interpreted):
 
 
 def test_a4w4_agrees_with_torch_backend(interpreted):
-    assert len(interpreted["agree"]) == 4
+    assert len(interpreted["agree"]) == 2
     for c in interpreted["agree"]:
         assert c["rel"] < 1e-5, c
 
 
 def test_split_k_matches_float64_reference(interpreted):
     cases = interpreted["split"]
-    assert len(cases) == 2 * (2 + 4) + 1
+    assert len(cases) == 2 * 4 + 1
     for c in cases:
         assert c["shape_ok"], c
         assert c["worst"] <= 1.0, c
@@ -148,10 +143,11 @@ def test_split_k_matches_float64_reference(interpreted):
 def test_moe_auto_split():
     """Decode at Kimi width (TP 2) splits the long gate/up K; prefill-sized launches and the short
     down K of the test shape stay whole."""
-    from k2bench.engine.kernels.triton_moe import default_block_m, moe_split_k
+    from k2bench.engine.kernels.moe_dispatch import scaled_tiles
+    from k2bench.engine.kernels.triton_moe import moe_split_k
 
     def plan(T, E, L, H, bk1=128, bk2=128):
-        bm = default_block_m(T * 8, E)
+        bm = scaled_tiles(T * 8, E).block_m
         return moe_split_k(moe_align_sizes(T * 8, E, bm)[1], L, H, 64, 64, bk1, bk2)
 
     assert plan(1, 384, 1024, 7168) == (9, 2)  # 8 blocks x 16 column tiles; L=1024 is 8 tiles
@@ -169,8 +165,6 @@ def test_rejects_bad_arguments():
     wts = torch.ones(2, 2)
     w13, s13 = torch.zeros(E, 2 * L, H // 2, dtype=torch.uint8), torch.zeros(E, 2 * L, H // 32, dtype=torch.uint8)
     w2, s2 = torch.zeros(E, H, L // 2, dtype=torch.uint8), torch.zeros(E, H, L // 32, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="variant"):
-        fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, variant="nope")
     with pytest.raises(ValueError, match="w2_scale"):
         fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2[:, :, :0])
     with pytest.raises(ValueError, match="block_k"):
@@ -180,9 +174,8 @@ def test_rejects_bad_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["dequant", "dot_scaled"])
 @pytest.mark.parametrize("splits", [(None, None), (1, 1), (4, 2)])  # auto here: 8 slices of H, L whole
-def test_on_cuda_without_host_sync(variant, splits):
+def test_on_cuda_without_host_sync(splits):
     """For a GPU run: real-sized H against float64, no host sync (sync debug mode), and CUDA-graph replay."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -206,7 +199,7 @@ def test_on_cuda_without_host_sync(variant, splits):
             h = (F.silu(h[:L]) * h[L:]).to(torch.bfloat16).double()
             ref[t] += float(wts[t, j]) * (d2[e] @ h)
     dev = [t.cuda() for t in (x, ids, wts, w13, s13, w2, s2)]
-    kw = {"variant": variant, "split_k": splits[0], "down_split_k": splits[1]}
+    kw = {"split_k": splits[0], "down_split_k": splits[1]}
     fused_moe_mxfp4(*dev, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:

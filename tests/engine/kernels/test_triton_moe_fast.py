@@ -1,5 +1,6 @@
-"""The fast-layout MoE (engine/kernels/triton_moe_fast.py): its E2M1 bit trick against the OCP table,
-its load-time re-layout, and the kernels under TRITON_INTERPRET=1 against an independent float64 reference.
+"""The fast-layout MoE (engine/kernels/triton_moe_fast.py): its E2M1 bit trick and word decode against the
+OCP table, its load-time re-layout, and the kernels under TRITON_INTERPRET=1 against an independent float64
+reference.
 
 The reference and tolerance are those of test_triton_moe.py (dequantised weights, a loop over each
 token's k experts in float64 with the documented activation rounding; float32 summation order, the
@@ -27,7 +28,6 @@ from k2bench.engine.kernels.moe_fast_layout import (  # noqa: E402  (after the i
     ScaleRangeError,
     relayout_experts,
 )
-from k2bench.engine.kernels.triton_moe_fast import fast_config  # noqa: E402
 from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 OCP = torch.tensor(FP4_VALUES, dtype=torch.float64)
@@ -39,56 +39,33 @@ def ocp_value(codes: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 
 def test_bf16_bit_trick_matches_ocp_table_exhaustively():
-    """Every byte (both nibbles) at every scale the layout accepts: the kernel's bf16 bits times bf16
-    2^(e-1) equal the OCP value exactly, subnormal codes (0, 0.5) and signed zeros included."""
-    byte = torch.arange(256, dtype=torch.int32).repeat_interleave(MAX_SCALE_CODE + 1)
-    e = torch.arange(MAX_SCALE_CODE + 1, dtype=torch.int32).repeat(256)
+    """Every E2M1 code at every scale the layout accepts: bf16 bits (sign << 15) | (magnitude << 6) times
+    bf16 2^(e-1) equal the OCP value exactly, subnormal codes (0, 0.5) and signed zeros included."""
+    code = torch.arange(16, dtype=torch.int32).repeat_interleave(MAX_SCALE_CODE + 1)
+    e = torch.arange(MAX_SCALE_CODE + 1, dtype=torch.int32).repeat(16)
     scale = (((e + 126) << 7).to(torch.int16)).view(torch.bfloat16)
-    for codes, bits in ((byte & 15, ((byte & 7) << 6) | ((byte & 8) << 12)),
-                        (byte >> 4, ((byte & 0x70) << 2) | ((byte & 0x80) << 8))):
-        got = bits.to(torch.int16).view(torch.bfloat16) * scale  # int16 wraps 0x8000 to the sign bit
-        want = ocp_value(codes, e)
-        assert torch.equal(got.double(), want)
-        assert torch.equal(torch.signbit(got), codes >= 8)  # -0.0 stays negative zero
-
-
-def test_relayout_keeps_every_value_and_pads_k():
-    """Decoding the fast layout in torch (chunk c, byte j: k = 64c + j low, 64c + 32 + j high) gives
-    the checkpoint's values; K = 96 pads to two chunks whose padding decodes to 0."""
-    g = torch.Generator().manual_seed(1)
-    E, L, H = 3, 32, 96
-    w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
-    w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
-    fast = relayout_experts(w13, s13, w2, s2, words=False)
-    assert (fast.hidden, fast.inter) == (H, L) and not fast.words
-    for wf, sf, w, s in ((fast.w13, fast.s13, w13, s13), (fast.w2, fast.s2, w2, s2)):
-        E, chunks, N, _ = wf.shape
-        assert wf.is_contiguous() and sf.shape == (E, chunks, N, 2)
-        codes = torch.cat((wf & 15, wf >> 4), dim=-1)  # [E, chunks, N, 64] in k order
-        vals = ocp_value(codes, sf.repeat_interleave(32, dim=-1))
-        vals = vals.permute(0, 2, 1, 3).reshape(E, N, chunks * 64)
-        k = 2 * w.shape[2]
-        assert torch.equal(vals[..., :k], dequantize_mxfp4(w, s).double())
-        assert not vals[..., k:].any()
+    bits = ((code & 7) << 6) | ((code & 8) << 12)
+    got = bits.to(torch.int16).view(torch.bfloat16) * scale  # int16 wraps 0x8000 to the sign bit
+    assert torch.equal(got.double(), ocp_value(code, e))
+    assert torch.equal(torch.signbit(got), code >= 8)  # -0.0 stays negative zero
 
 
 def test_word_packing_decodes_to_the_checkpoint_values():
     """The word layout, decoded in torch by the four shift / mask / multiply programs the kernels use
     (pair j of word 2q + h is k = 32h + 16(j // 2) + 8(j % 2) + 2q + lane), gives the checkpoint's
-    values; the scales are the nibble layout's, K = 96 pads with zeros."""
+    values; scale group g of chunk c is the checkpoint's group 2c + g; K = 96 pads with zeros."""
     g = torch.Generator().manual_seed(2)
     E, L, H = 2, 32, 96
     w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g))
     w2, s2 = quantize_mxfp4(torch.randn(E, H, L, generator=g))
-    nib, words = relayout_experts(w13, s13, w2, s2, words=False), relayout_experts(w13, s13, w2, s2)
-    assert words.words and not nib.words
+    words = relayout_experts(w13, s13, w2, s2)
+    assert (words.hidden, words.inter) == (H, L)
     mask = 0x81C081C0
     programs = (lambda w: (w << 6) & mask, lambda w: ((w & 0x40384038) * 18) & mask, lambda w: w & mask,
                 lambda w: (((w >> 10) & 0x000F000F) * 0x8020) & mask)
-    for wf, sf, nwf, nsf, w, s in ((words.w13, words.s13, nib.w13, nib.s13, w13, s13),
-                                   (words.w2, words.s2, nib.w2, nib.s2, w2, s2)):
-        assert torch.equal(sf, nsf) and wf.shape == nwf.shape and not torch.equal(wf, nwf)
+    for wf, sf, w, s in ((words.w13, words.s13, w13, s13), (words.w2, words.s2, w2, s2)):
         E, chunks, N, _ = wf.shape
+        assert wf.is_contiguous() and wf.shape == (E, chunks, N, 32) and sf.shape == (E, chunks, N, 2)
         word = wf.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [E, chunks, N, 8]
         vals = torch.zeros(E, chunks, N, 2, 2, 2, 4, 2, dtype=torch.float64)  # [.., h, s, c, q, lane]
         for j, prog in enumerate(programs):
@@ -115,65 +92,32 @@ def test_relayout_refuses_scales_it_cannot_hold():
         relayout_experts(w, s, w, s)
 
 
-def test_dispatch_by_pairs_per_expert():
-    assert fast_config(4 * 8, 384).swap and fast_config(4 * 8, 384).block_m == 16  # decode
-    assert fast_config(128 * 8, 384).block_m == 16  # 2.7 pairs per expert: still decode tiles
-    assert fast_config(128 * 8, 384).desc
-    assert fast_config(8192 * 8, 384).block_m == 64 and fast_config(8192 * 8, 384).desc  # prefill
-
-
 CHILD = r"""
 import json, torch
-import torch.nn.functional as F
-import triton, triton.language as tl
 from k2bench.engine.kernels.triton_backend import TritonBackend
 from k2bench.engine.kernels.triton_moe import fused_moe_mxfp4
+from k2bench.engine.kernels.moe_dispatch import FastTiles
 from k2bench.engine.kernels.moe_fast_layout import relayout_experts
-from k2bench.engine.kernels.triton_moe_fast import FastConfig, e2m1_decode_half, fused_moe_fast
+from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 from k2bench.engine.kernels.backend import BackendError
-from k2bench.engine.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, fake_quantize_mxfp4, quantize_mxfp4
+from moe_reference import make, reference, routing
+from word_decode import word_decode_check
 
 torch.set_num_threads(1)
-
-
-@triton.jit
-def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr, INTERPRET: tl.constexpr):
-    r = tl.arange(0, 256)
-    c = tl.arange(0, 32)
-    p = tl.load(p_ptr + r[:, None] * 32 + c[None, :])
-    s = tl.load(s_ptr + r)
-    tl.store(lo_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, False, INTERPRET).to(tl.float32))
-    tl.store(hi_ptr + r[:, None] * 32 + c[None, :], e2m1_decode_half(p, s, True, INTERPRET).to(tl.float32))
-
-
-# every byte in every row, one scale per row (0..128 and back up), against the OCP table
-p = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat(32, 1)  # 256 rows x 32 bytes
-s = torch.cat((torch.arange(129), torch.arange(127, 0, -1)))[:256].to(torch.uint8)
-lo, hi = torch.empty(256, 32), torch.empty(256, 32)
-decode_all[(1,)](p, s, lo, hi, INTERPRET=True)
-ocp = torch.tensor(FP4_VALUES, dtype=torch.float64)
-scale = torch.exp2(s.double() - 127)[:, None]
-decode_ok = torch.equal(lo.double(), ocp[(p & 15).long()] * scale) and torch.equal(hi.double(), ocp[(p >> 4).long()] * scale)
-
-
-from moe_reference import make, reference, routing
-
+decode_ok = word_decode_check("cpu", True)
 
 configs = {"auto": None,
-           "swap_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False),
-           "plain_bn32": FastConfig(16, 32, 4, 3, False),
-           "plain_bm32": FastConfig(32, 64, 4, 3, False, prefetch=False),
-           "desc_bn32": FastConfig(16, 32, 4, 3, True, prefetch=False, desc=True),
-           "words_bn32": FastConfig(16, 32, 4, 3, True, desc=True),
-           "words_bm32": FastConfig(32, 64, 4, 3, True, prefetch=False, desc=True)}
+           "bn32": FastTiles(16, 32, 4, 3, prefetch=False),
+           "bn32_prefetch": FastTiles(16, 32, 4, 3, prefetch=True),
+           "bm32": FastTiles(32, 64, 4, 3, prefetch=False),
+           "bm32_prefetch": FastTiles(32, 64, 4, 3, prefetch=True)}
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
           (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2))]
 for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
     g, w, d13, d2 = make(si, E, H, L)
-    fast = relayout_experts(*w, words=False)
-    fast_words = relayout_experts(*w)  # the default
+    fast = relayout_experts(*w)
     allowed = torch.tensor([e for e in range(E) if e not in (0, E - 2)])
     x = torch.randn(T, H, generator=g) * 2
     ids, wts = routing(g, T, k, allowed, skew)
@@ -181,10 +125,9 @@ for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
                                         (torch.bfloat16, True)]):
         xd = x.to(dtype)
         ref, flip = reference(xd, ids, wts, d13, d2, a4w4)
-        # each shape runs every config once (rotated over the numerics), to keep the interpreter quick
+        # configs rotate over shapes and numerics (each runs four times), to keep the interpreter quick
         name, cfg = list(configs.items())[(ci + si) % len(configs)]
-        experts = fast_words if name.startswith("words") or name == "auto" else fast
-        got = fused_moe_fast(xd, ids, wts, experts, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
+        got = fused_moe_fast(xd, ids, wts, fast, a4w4=a4w4, config=cfg, split_k=sp1, down_split_k=sp2)
         err = (got.double() - ref).abs()
         tol = 1e-5 * ref.abs().max() + flip
         if dtype == torch.bfloat16:
@@ -201,14 +144,14 @@ ids, wts = routing(g, 5, 3, torch.arange(1, 11))
 b = TritonBackend()
 b.moe_variant = "fast"
 b.prepare_moe(*w)
-want = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True, variant="dot_scaled")
+want = fused_moe_mxfp4(x, ids, wts, *w, a4w4=True)
 got = b.fused_moe(x, ids, wts, *w, a4w4=True)
 backend.append({"what": "fast", "rel": float((got - want).abs().max() / want.abs().max()), "cached": len(b._fast)})
 big = [t.clone() for t in w]
 big[1][0, 0, 0] = 130  # one block of expert 0 scaled by 2^3: outside the layout
 b.prepare_moe(*big)
 got = b.fused_moe(x, ids, wts, *big, a4w4=True)
-want = fused_moe_mxfp4(x, ids, wts, *big, a4w4=True, variant="dot_scaled")
+want = fused_moe_mxfp4(x, ids, wts, *big, a4w4=True)
 backend.append({"what": "fallback", "rel": float((got - want).abs().max() / want.abs().max()), "cached": len(b._fast)})
 nan = [t.clone() for t in w]
 nan[3][2, 5, 1] = 255
@@ -233,8 +176,7 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 5 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "swap_bn32", "plain_bn32", "plain_bm32", "desc_bn32", "words_bn32",
-                                           "words_bm32"}
+    assert {c["case"][-1] for c in cases} == {"auto", "bn32", "bn32_prefetch", "bm32", "bm32_prefetch"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -249,49 +191,19 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "plain", "split", "per_element", "no_prefetch", "desc_wide",
-                                    "words_auto", "words_split", "words_per_element", "words_rows256", "words_prefill"])
+@pytest.mark.parametrize("config", ["auto", "split", "no_prefetch", "warps8", "rows256", "prefill"])
 def test_fast_moe_on_cuda_without_host_sync(config):
-    """On a GPU: the bf16 decode against the OCP table, real-width H against float64, no host sync,
+    """On a GPU: the PTX word decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     import torch.nn.functional as F
-    import triton
-    import triton.language as tl
+    from word_decode import word_decode_check
 
-    from k2bench.engine.kernels.triton_moe_fast import (
-        FastConfig,
-        e2m1_decode_half,
-        e2m1_decode_packed,
-        fused_moe_fast,
-    )
+    from k2bench.engine.kernels.moe_dispatch import FastTiles
+    from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 
-    @triton.jit
-    def decode_all(p_ptr, s_ptr, lo_ptr, hi_ptr, PACKED: tl.constexpr):
-        r = tl.arange(0, 256)
-        c = tl.arange(0, 32)
-        p = tl.load(p_ptr + r[:, None] * 32 + c[None, :])
-        s = tl.load(s_ptr + r)
-        s2 = tl.load(s_ptr + 256 + r)  # the high nibbles' scales: another order, so a swap shows
-        if PACKED:
-            lo, hi = e2m1_decode_packed(p, s, s2, 256)
-        else:
-            lo = e2m1_decode_half(p, s, False, False)
-            hi = e2m1_decode_half(p, s2, True, False)
-        tl.store(lo_ptr + r[:, None] * 32 + c[None, :], lo.to(tl.float32))
-        tl.store(hi_ptr + r[:, None] * 32 + c[None, :], hi.to(tl.float32))
-
-    p = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat(32, 1)
-    s = torch.cat((torch.arange(129), torch.arange(127, 0, -1)))[:256].to(torch.uint8)
-    s2 = s.flip(0)
-    for packed in (False, True):
-        lo, hi = torch.empty(256, 32, device="cuda"), torch.empty(256, 32, device="cuda")
-        decode_all[(1,)](p.cuda(), torch.cat((s, s2)).cuda(), lo, hi, PACKED=packed)
-        assert torch.equal(lo.cpu().double(), ocp_value(p & 15, s[:, None])), packed
-        assert torch.equal(hi.cpu().double(), ocp_value(p >> 4, s2[:, None])), packed
-        assert torch.equal(torch.signbit(lo.cpu()), (p & 15) >= 8), packed
-
+    assert word_decode_check("cuda", False)
     E, H, L, k, T = 16, 7168, 512, 8, 5
     g = torch.Generator().manual_seed(0)
     w13, s13 = quantize_mxfp4(torch.randn(E, 2 * L, H, generator=g) * 0.02)
@@ -307,17 +219,13 @@ def test_fast_moe_on_cuda_without_host_sync(config):
             h = d13[e] @ x[t].to(torch.bfloat16).double()
             h = (F.silu(h[:L]) * h[L:]).to(torch.bfloat16).double()
             ref[t] += float(wts[t, j]) * (d2[e] @ h)
-    fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda(), words=config.startswith("words"))
+    fast = relayout_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda())
     dev = [t.cuda() for t in (x, ids, wts)]
-    kw = {"auto": {}, "plain": {"config": FastConfig(64, 128, 8, 3, False)},
-          "split": {"split_k": 4, "down_split_k": 2},
-          "per_element": {"config": FastConfig(16, 64, 4, 3, True, asm=False)},
-          "no_prefetch": {"config": FastConfig(16, 128, 4, 3, True, prefetch=False)},
-          "desc_wide": {"config": FastConfig(16, 128, 8, 4, True, desc=True), "split_k": 2},
-          "words_auto": {}, "words_split": {"split_k": 4, "down_split_k": 2},
-          "words_per_element": {"config": FastConfig(16, 128, 4, 3, True, asm=False, desc=True)},
-          "words_rows256": {"config": FastConfig(16, 256, 4, 3, True, desc=True), "down_split_k": 2},
-          "words_prefill": {"config": FastConfig(64, 128, 8, 4, True, prefetch=False, desc=True)}}[config]
+    kw = {"auto": {}, "split": {"split_k": 4, "down_split_k": 2},
+          "no_prefetch": {"config": FastTiles(16, 128, 4, 3, prefetch=False)},
+          "warps8": {"config": FastTiles(16, 128, 8, 4, prefetch=True), "split_k": 2},
+          "rows256": {"config": FastTiles(16, 256, 4, 3, prefetch=True), "down_split_k": 2},
+          "prefill": {"config": FastTiles(64, 128, 8, 4, prefetch=False)}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
