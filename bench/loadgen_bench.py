@@ -55,10 +55,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from k2bench.harness.load import openloop, schedule
+from k2bench.harness.load import openloop, schedule, transport
 from k2bench.harness.load.loadgen import LevelSpec, event_loop_name, run, run_level
 from k2bench.harness.load.procs import run_level_procs
 from k2bench.harness.load.selfmeasure import SelfMeter, combine
+from k2bench.harness.load.transport import transport_choice
 from k2bench.harness.measure.metrics import summarize_level
 from k2bench.harness.measure.validity import ValidityRules, client_bottleneck
 from k2bench.net import free_port
@@ -444,7 +445,8 @@ def _main_procs(args, cores: list[int], pin: bool) -> None:
 
 def _machine(pin: bool) -> dict:
     return {"host": platform.node(), "cpus": os.cpu_count(), "pinned": pin, "loadavg_at_end": os.getloadavg(),
-            "python": platform.python_version(), "event_loop": event_loop_name()}
+            "python": platform.python_version(), "event_loop": event_loop_name(),
+            "transport": transport_choice() if transport.httptools is not None else "aiohttp (httptools missing)"}
 
 
 def _write(path: str, doc: dict) -> None:

@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from k2bench.harness.load import transport
 from k2bench.harness.load.loadgen import LevelSpec, run, run_level
 from k2bench.harness.load.transport import TRANSPORT_ENV
 from k2bench.net import free_port
@@ -85,6 +86,8 @@ def run_reference(path: str, port: int) -> dict:
 
 
 def run_transport(repeats: int, reference: str | None, server_core: int | None, start_server, cpu_s) -> dict:
+    if transport.httptools is None:  # the "raw" rows would quietly be aiohttp's
+        raise SystemExit("httptools is not installed, so the raw transport cannot run: pip install httptools")
     clients = CLIENTS + (("InferenceX",) if reference else ())
     rounds = []
     for i in range(repeats):
