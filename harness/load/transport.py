@@ -209,6 +209,9 @@ class RawSession:
         loop = asyncio.get_running_loop()
         now = time.monotonic_ns
         start = loop.time()
+        # Stamped at the attempt, as the aiohttp path does, so that a request that failed to connect
+        # counts as sent (a stopped level keeps the records of what was sent); replaced at the write.
+        rec.send_ns = now()
         try:
             conn = await self._connect(key, min(timeout_s, CONNECT_TIMEOUT_S))
         except asyncio.TimeoutError:
