@@ -106,9 +106,18 @@ class Workers:
             time.sleep(0.2)
 
     def shutdown_hard(self) -> None:
-        """Startup failed on rank 0: the workers may be stuck in a collective, so kill them."""
+        """Startup failed on rank 0: the workers may be stuck in a collective, so kill them, and take down
+        this rank's group now. Left to interpreter exit, the group's threads met their dead peers during
+        finalisation and the process could abort (SIGABRT, "terminate called") after the one-line error."""
         self._closing = True
         self._kill_all()
+        for p in self.procs:
+            p.wait()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a group whose peers are gone may refuse; the process ends anyway
+                pass
 
     def _kill_all(self) -> None:
         for p in self.procs:
