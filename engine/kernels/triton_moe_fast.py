@@ -154,10 +154,36 @@ def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi, INTERPRET: tl.constexpr, BN: tl.c
 
 
 @triton.jit
-def _next_x(x_ptrs, pair, num_pairs, kc, k_hi, K):
-    """The activations of the chunk after kc (none past k_hi), for the register prefetch."""
-    kn = kc + 64
-    return _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+def _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH: tl.constexpr):
+    """What a K loop carries into its first chunk: with PREFETCH that chunk's activations, else x_ok twice
+    as placeholders that `_k_step` hands back untouched (an unchanged loop value, which compiles away)."""
+    if PREFETCH:
+        return _load_x(x_ptrs, x_ok, k_lo, K)
+    else:
+        return x_ok, x_ok
+
+
+@triton.jit
+def _k_step(acc_a, acc_b, x_lo, x_hi, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K, w_desc, s_desc, row, b_off,
+            INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, TWO: tl.constexpr, BN: tl.constexpr):
+    """One 64-wide K chunk at kc of a K loop (the loop itself stays in the kernel, where the pipeliner sees
+    these descriptor loads): the activations (PREFETCH: x_lo / x_hi, loaded a chunk before, while the next
+    chunk's, none past k_hi, are loaded now; else loaded here), the weight chunk at `row` and, with TWO,
+    a second stream at row + b_off sharing the activations (gate/up's up rows), then acc_a's MMAs and acc_b's.
+    Returns the accumulators and what to carry into the next chunk (as `_x_ahead`)."""
+    if PREFETCH:
+        xl, xh = x_lo, x_hi
+        kn = kc + 64
+        x_lo, x_hi = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+    else:
+        xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+    pa, sal, sah = _load_w(w_desc, s_desc, row, BN)
+    if TWO:
+        pb, sbl, sbh = _load_w(w_desc, s_desc, row + b_off, BN)
+    acc_a = _mma_chunk(acc_a, pa, sal, sah, xl, xh, INTERPRET, BN)
+    if TWO:
+        acc_b = _mma_chunk(acc_b, pb, sbl, sbh, xl, xh, INTERPRET, BN)
+    return acc_a, acc_b, x_lo, x_hi
 
 
 @triton.jit(do_not_specialize=["num_pairs"])  # one compiled kernel for every batch size (triton_moe_glue)
@@ -180,19 +206,11 @@ def _fast_gate_up(
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
     g_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    if PREFETCH:
-        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
+    nxl, nxh = _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH)
     for kc in range(k_lo, k_hi, 64):
-        if PREFETCH:
-            xl, xh = nxl, nxh
-            nxl, nxh = _next_x(x_ptrs, pair, num_pairs, kc, k_hi, K)
-        else:
-            xl, xh = _load_x(x_ptrs, x_ok, kc, K)
         row = g_row + (kc // 64) * rows_c
-        pg, sgl, sgh = _load_w(w_desc, s_desc, row, BN)
-        pu, sul, suh = _load_w(w_desc, s_desc, row + L, BN)
-        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, INTERPRET, BN)
-        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, INTERPRET, BN)
+        acc_g, acc_u, nxl, nxh = _k_step(acc_g, acc_u, nxl, nxh, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K,
+                                         w_desc, s_desc, row, L, INTERPRET, PREFETCH, True, BN)
     store_gate_up(h_ptr, pair[None, :] * s_hp + rn[:, None], acc_g, acc_u, (rn < L)[:, None] & valid[None, :], L,
                   s_hs, SPLIT)
 
@@ -215,16 +233,11 @@ def _fast_down(
     if SPLIT:
         y_ptr += tl.program_id(2) * s_ys
     w_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    if PREFETCH:
-        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
+    nhl, nhh = _x_ahead(h_ptrs, h_ok, k_lo, K, PREFETCH)
     for kc in range(k_lo, k_hi, 64):
-        if PREFETCH:
-            hl, hh = nhl, nhh
-            nhl, nhh = _next_x(h_ptrs, pair, num_pairs, kc, k_hi, K)
-        else:
-            hl, hh = _load_x(h_ptrs, h_ok, kc, K)
-        pw, sl, sh = _load_w(w_desc, s_desc, w_row + (kc // 64) * rows_c, BN)
-        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, INTERPRET, BN)
+        row = w_row + (kc // 64) * rows_c
+        acc, _, nhl, nhh = _k_step(acc, acc, nhl, nhh, h_ptrs, h_ok, pair, num_pairs, kc, k_hi, K,
+                                   w_desc, s_desc, row, 0, INTERPRET, PREFETCH, False, BN)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
     acc = acc * rw[None, :]
     tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None], acc, mask=(rn < N)[:, None] & valid[None, :])
