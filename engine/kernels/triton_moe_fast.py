@@ -34,7 +34,15 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_dispatch import FastTiles, fast_tiles
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
-from k2bench.engine.kernels.triton_moe_glue import block_pairs, check_split, k_range, run_moe, store_gate_up
+from k2bench.engine.kernels.triton_moe_glue import (
+    MoeGemm,
+    block_pairs,
+    check_split,
+    interpreting,
+    k_range,
+    run_moe,
+    store_gate_up,
+)
 
 # Per word: pairs 0..3 (j = 2s + c) as bf16x2 bits times the scale; $8 the word, $9 the bf16 scale.
 _WORDS_PTX = tl.constexpr("""{
@@ -269,12 +277,9 @@ def fused_moe_fast(
     add: torch.Tensor | None = None,
     x_quantized: bool = False,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
-    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
-    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
-
-    Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
-    float32 accumulation, deterministic); config None picks tiles by `moe_dispatch.fast_tiles`. split_k /
+    """`triton_moe.fused_moe_mxfp4` on the fast layout: the same result (x, topk_ids, topk_weights, a4w4,
+    add and x_quantized as there) and numerics (bf16 or fake-quantised MXFP4 activations, exact weights,
+    float32 accumulation, deterministic). config None picks tiles by `moe_dispatch.fast_tiles`. split_k /
     down_split_k: K slices of the gate/up and down GEMMs (float32 partials added after).
     """
     hidden, inter = experts.hidden, experts.inter
@@ -282,26 +287,13 @@ def fused_moe_fast(
     num_experts = experts.w13.shape[0]
     cfg = config or fast_tiles(topk_ids.numel(), num_experts)
     w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
-    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    meta = {"INTERPRET": interpreting(), "PREFETCH": cfg.prefetch, "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages}
 
-    def gate_up(run, xa, h, slices, k_slice, s_hp, s_hs):
-        _fast_gate_up[(run.num_blocks, triton.cdiv(inter, cfg.block_n), slices)](
-            xa, w13, s13, h, run.align.sorted_pairs, run.align.block_experts,
-            run.pairs, run.topk, inter, hidden, k_slice, xa.stride(0),
-            experts.w13.stride(0) // 32, experts.w13.stride(1) // 32, s_hp, s_hs,
-            INTERPRET=run.interpret, SPLIT=slices > 1, PREFETCH=cfg.prefetch, BM=cfg.block_m, BN=cfg.block_n,
-            **launch,
-        )
-
-    def down(run, h, y, route_w, slices, k_slice):
-        _fast_down[(run.num_blocks, triton.cdiv(hidden, cfg.block_n), slices)](
-            h, w2, s2, y, run.align.sorted_pairs, run.align.block_experts, route_w,
-            run.pairs, hidden, inter, k_slice, h.stride(0),
-            experts.w2.stride(0) // 32, experts.w2.stride(1) // 32, y.stride(1), y.stride(0),
-            INTERPRET=run.interpret, SPLIT=slices > 1, PREFETCH=cfg.prefetch, BM=cfg.block_m, BN=cfg.block_n,
-            **launch,
-        )
+    def gemm(kernel, descriptors, words):  # strides: rows of the [rows, 8] word view per expert / per chunk
+        return MoeGemm(kernel, descriptors, (words.stride(0) // 32, words.stride(1) // 32), cfg.block_n, CHUNK, meta)
 
     return run_moe(x, topk_ids, topk_weights, num_experts=num_experts, hidden=hidden, inter=inter,
-                   block_m=cfg.block_m, bk1=CHUNK, bk2=CHUNK, splits=lambda _blocks: (split_k, down_split_k or split_k),
-                   a4w4=a4w4, x_quantized=x_quantized, add=add, gate_up=gate_up, down=down)
+                   block_m=cfg.block_m, splits=lambda _blocks: (split_k, down_split_k or split_k), a4w4=a4w4,
+                   x_quantized=x_quantized, add=add, gate_up=gemm(_fast_gate_up, (w13, s13), experts.w13),
+                   down=gemm(_fast_down, (w2, s2), experts.w2))
