@@ -44,7 +44,14 @@ import triton.language as tl
 
 from k2bench.engine.kernels import moe_dispatch
 from k2bench.engine.kernels.moe_dispatch import scaled_tiles
-from k2bench.engine.kernels.triton_moe_glue import block_pairs, check_split, k_range, run_moe, store_gate_up
+from k2bench.engine.kernels.triton_moe_glue import (
+    MoeGemm,
+    block_pairs,
+    check_split,
+    k_range,
+    run_moe,
+    store_gate_up,
+)
 from k2bench.engine.model.mxfp4 import BLOCK
 
 
@@ -202,22 +209,9 @@ def fused_moe_mxfp4(
         auto_gu, auto_down = moe_split_k(num_blocks, inter, hidden, bn1, bn2, bk1, bk2)
         return split_k or auto_gu, down_split_k or split_k or auto_down
 
-    def gate_up(run, xa, h, slices, k_slice, s_hp, s_hs):
-        _moe_gate_up[(run.num_blocks, triton.cdiv(inter, bn1), slices)](
-            xa, w13, w13_scale, h, run.align.sorted_pairs, run.align.block_experts,
-            run.pairs, run.topk, inter, hidden, k_slice,
-            xa.stride(0), *w13.stride(), *w13_scale.stride(), s_hp, s_hs,
-            SPLIT=slices > 1, BM=bm, BN=bn1, BK=bk1, **launch,
-        )
-
-    def down(run, h, y, route_w, slices, k_slice):
-        _moe_down[(run.num_blocks, triton.cdiv(hidden, bn2), slices)](
-            h, w2, w2_scale, y, run.align.sorted_pairs, run.align.block_experts, route_w,
-            run.pairs, hidden, inter, k_slice,
-            h.stride(0), *w2.stride(), *w2_scale.stride(), y.stride(1), y.stride(0),
-            SPLIT=slices > 1, BM=bm, BN=bn2, BK=bk2, **launch,
-        )
-
     return run_moe(x, topk_ids, topk_weights, num_experts=num_experts, hidden=hidden, inter=inter, block_m=bm,
-                   bk1=bk1, bk2=bk2, splits=splits, a4w4=a4w4, x_quantized=x_quantized, add=add,
-                   gate_up=gate_up, down=down)
+                   splits=splits, a4w4=a4w4, x_quantized=x_quantized, add=add,
+                   gate_up=MoeGemm(_moe_gate_up, (w13, w13_scale), (*w13.stride(), *w13_scale.stride()), bn1, bk1,
+                                   {"BK": bk1, **launch}),
+                   down=MoeGemm(_moe_down, (w2, w2_scale), (*w2.stride(), *w2_scale.stride()), bn2, bk2,
+                                {"BK": bk2, **launch}))

@@ -34,7 +34,15 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from k2bench.engine.kernels.moe_dispatch import FastTiles, fast_tiles
 from k2bench.engine.kernels.moe_fast_layout import CHUNK, FastExperts
-from k2bench.engine.kernels.triton_moe_glue import block_pairs, check_split, k_range, run_moe, store_gate_up
+from k2bench.engine.kernels.triton_moe_glue import (
+    MoeGemm,
+    block_pairs,
+    check_split,
+    interpreting,
+    k_range,
+    run_moe,
+    store_gate_up,
+)
 
 # Per word: pairs 0..3 (j = 2s + c) as bf16x2 bits times the scale; $8 the word, $9 the bf16 scale.
 _WORDS_PTX = tl.constexpr("""{
@@ -154,10 +162,36 @@ def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi, INTERPRET: tl.constexpr, BN: tl.c
 
 
 @triton.jit
-def _next_x(x_ptrs, pair, num_pairs, kc, k_hi, K):
-    """The activations of the chunk after kc (none past k_hi), for the register prefetch."""
-    kn = kc + 64
-    return _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+def _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH: tl.constexpr):
+    """What a K loop carries into its first chunk: with PREFETCH that chunk's activations, else x_ok twice
+    as placeholders that `_k_step` hands back untouched (an unchanged loop value, which compiles away)."""
+    if PREFETCH:
+        return _load_x(x_ptrs, x_ok, k_lo, K)
+    else:
+        return x_ok, x_ok
+
+
+@triton.jit
+def _k_step(acc_a, acc_b, x_lo, x_hi, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K, w_desc, s_desc, row, b_off,
+            INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, TWO: tl.constexpr, BN: tl.constexpr):
+    """One 64-wide K chunk at kc of a K loop (the loop itself stays in the kernel, where the pipeliner sees
+    these descriptor loads): the activations (PREFETCH: x_lo / x_hi, loaded a chunk before, while the next
+    chunk's, none past k_hi, are loaded now; else loaded here), the weight chunk at `row` and, with TWO,
+    a second stream at row + b_off sharing the activations (gate/up's up rows), then acc_a's MMAs and acc_b's.
+    Returns the accumulators and what to carry into the next chunk (as `_x_ahead`)."""
+    if PREFETCH:
+        xl, xh = x_lo, x_hi
+        kn = kc + 64
+        x_lo, x_hi = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+    else:
+        xl, xh = _load_x(x_ptrs, x_ok, kc, K)
+    pa, sal, sah = _load_w(w_desc, s_desc, row, BN)
+    if TWO:
+        pb, sbl, sbh = _load_w(w_desc, s_desc, row + b_off, BN)
+    acc_a = _mma_chunk(acc_a, pa, sal, sah, xl, xh, INTERPRET, BN)
+    if TWO:
+        acc_b = _mma_chunk(acc_b, pb, sbl, sbh, xl, xh, INTERPRET, BN)
+    return acc_a, acc_b, x_lo, x_hi
 
 
 @triton.jit(do_not_specialize=["num_pairs"])  # one compiled kernel for every batch size (triton_moe_glue)
@@ -180,19 +214,11 @@ def _fast_gate_up(
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
     g_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    if PREFETCH:
-        nxl, nxh = _load_x(x_ptrs, x_ok, k_lo, K)
+    nxl, nxh = _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH)
     for kc in range(k_lo, k_hi, 64):
-        if PREFETCH:
-            xl, xh = nxl, nxh
-            nxl, nxh = _next_x(x_ptrs, pair, num_pairs, kc, k_hi, K)
-        else:
-            xl, xh = _load_x(x_ptrs, x_ok, kc, K)
         row = g_row + (kc // 64) * rows_c
-        pg, sgl, sgh = _load_w(w_desc, s_desc, row, BN)
-        pu, sul, suh = _load_w(w_desc, s_desc, row + L, BN)
-        acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, INTERPRET, BN)
-        acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, INTERPRET, BN)
+        acc_g, acc_u, nxl, nxh = _k_step(acc_g, acc_u, nxl, nxh, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K,
+                                         w_desc, s_desc, row, L, INTERPRET, PREFETCH, True, BN)
     store_gate_up(h_ptr, pair[None, :] * s_hp + rn[:, None], acc_g, acc_u, (rn < L)[:, None] & valid[None, :], L,
                   s_hs, SPLIT)
 
@@ -215,16 +241,11 @@ def _fast_down(
     if SPLIT:
         y_ptr += tl.program_id(2) * s_ys
     w_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    if PREFETCH:
-        nhl, nhh = _load_x(h_ptrs, h_ok, k_lo, K)
+    nhl, nhh = _x_ahead(h_ptrs, h_ok, k_lo, K, PREFETCH)
     for kc in range(k_lo, k_hi, 64):
-        if PREFETCH:
-            hl, hh = nhl, nhh
-            nhl, nhh = _next_x(h_ptrs, pair, num_pairs, kc, k_hi, K)
-        else:
-            hl, hh = _load_x(h_ptrs, h_ok, kc, K)
-        pw, sl, sh = _load_w(w_desc, s_desc, w_row + (kc // 64) * rows_c, BN)
-        acc = _mma_chunk(acc, pw, sl, sh, hl, hh, INTERPRET, BN)
+        row = w_row + (kc // 64) * rows_c
+        acc, _, nhl, nhh = _k_step(acc, acc, nhl, nhh, h_ptrs, h_ok, pair, num_pairs, kc, k_hi, K,
+                                   w_desc, s_desc, row, 0, INTERPRET, PREFETCH, False, BN)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
     acc = acc * rw[None, :]
     tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None], acc, mask=(rn < N)[:, None] & valid[None, :])
@@ -256,12 +277,9 @@ def fused_moe_fast(
     add: torch.Tensor | None = None,
     x_quantized: bool = False,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)), in x's dtype (+ `add`
-    [T, H], e.g. the shared experts' output, rounded as `out + add`). x_quantized: x already holds its
-    A4W4 values (`rms_norm(quantize=True)`), so it is not quantised again.
-
-    Same numerics as triton_moe.fused_moe_mxfp4 (bf16 or fake-quantised MXFP4 activations, exact weights,
-    float32 accumulation, deterministic); config None picks tiles by `moe_dispatch.fast_tiles`. split_k /
+    """`triton_moe.fused_moe_mxfp4` on the fast layout: the same result (x, topk_ids, topk_weights, a4w4,
+    add and x_quantized as there) and numerics (bf16 or fake-quantised MXFP4 activations, exact weights,
+    float32 accumulation, deterministic). config None picks tiles by `moe_dispatch.fast_tiles`. split_k /
     down_split_k: K slices of the gate/up and down GEMMs (float32 partials added after).
     """
     hidden, inter = experts.hidden, experts.inter
@@ -269,26 +287,13 @@ def fused_moe_fast(
     num_experts = experts.w13.shape[0]
     cfg = config or fast_tiles(topk_ids.numel(), num_experts)
     w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
-    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    meta = {"INTERPRET": interpreting(), "PREFETCH": cfg.prefetch, "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages}
 
-    def gate_up(run, xa, h, slices, k_slice, s_hp, s_hs):
-        _fast_gate_up[(run.num_blocks, triton.cdiv(inter, cfg.block_n), slices)](
-            xa, w13, s13, h, run.align.sorted_pairs, run.align.block_experts,
-            run.pairs, run.topk, inter, hidden, k_slice, xa.stride(0),
-            experts.w13.stride(0) // 32, experts.w13.stride(1) // 32, s_hp, s_hs,
-            INTERPRET=run.interpret, SPLIT=slices > 1, PREFETCH=cfg.prefetch, BM=cfg.block_m, BN=cfg.block_n,
-            **launch,
-        )
-
-    def down(run, h, y, route_w, slices, k_slice):
-        _fast_down[(run.num_blocks, triton.cdiv(hidden, cfg.block_n), slices)](
-            h, w2, s2, y, run.align.sorted_pairs, run.align.block_experts, route_w,
-            run.pairs, hidden, inter, k_slice, h.stride(0),
-            experts.w2.stride(0) // 32, experts.w2.stride(1) // 32, y.stride(1), y.stride(0),
-            INTERPRET=run.interpret, SPLIT=slices > 1, PREFETCH=cfg.prefetch, BM=cfg.block_m, BN=cfg.block_n,
-            **launch,
-        )
+    def gemm(kernel, descriptors, words):  # strides: rows of the [rows, 8] word view per expert / per chunk
+        return MoeGemm(kernel, descriptors, (words.stride(0) // 32, words.stride(1) // 32), cfg.block_n, CHUNK, meta)
 
     return run_moe(x, topk_ids, topk_weights, num_experts=num_experts, hidden=hidden, inter=inter,
-                   block_m=cfg.block_m, bk1=CHUNK, bk2=CHUNK, splits=lambda _blocks: (split_k, down_split_k or split_k),
-                   a4w4=a4w4, x_quantized=x_quantized, add=add, gate_up=gate_up, down=down)
+                   block_m=cfg.block_m, splits=lambda _blocks: (split_k, down_split_k or split_k), a4w4=a4w4,
+                   x_quantized=x_quantized, add=add, gate_up=gemm(_fast_gate_up, (w13, s13), experts.w13),
+                   down=gemm(_fast_down, (w2, s2), experts.w2))

@@ -21,7 +21,8 @@ bench/engine_wave_bench.py).
 - `moe_bridge`: split-K gate/up partials -> sum over slices -> silu(gate) * up -> bf16, or in A4W4 the
   MXFP4 quantise-dequantise of h (`triton_quant.mx_fake_quant`, bit-equal to the torch quantiser).
 - `run_moe`: argument checks, alignment, K slices (`split_sizes`), the activations as the GEMMs read them,
-  the h and y buffers, then gate/up, bridge, down and combine; the family supplies its two launches.
+  the h and y buffers, then gate/up, bridge, down and combine; the family describes its two GEMMs
+  (`MoeGemm`: kernel, weights, strides, tiles), whose launches are made here.
 - `moe_combine`: y partials [slices, pairs, H] (routing weights applied) -> sum over slices, then over a
   token's k experts in order -> x's dtype, plus an optional addend (the shared experts' output) rounded
   as torch's `out + add` would round it.
@@ -301,34 +302,40 @@ def store_gate_up(h_ptr, offs, acc_g, acc_u, mask, L, s_hs, SPLIT: tl.constexpr)
         tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
 
 
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @dataclass(frozen=True)
-class MoeRun:
-    """What a family's two launches need besides their weights (see `run_moe`)."""
+class MoeGemm:
+    """One of a family's two GEMMs as `run_moe` launches it, on grid (blocks, output tiles of block_n,
+    K slices). The kernel's arguments, in order: the activations, `weights`, the output, the sorted pairs,
+    the block experts, (down: the routing weights,) the pair count, (gate/up: top-k,) the output width,
+    K, K per slice, the activations' row stride, `strides`, the output's pair and slice strides; then
+    SPLIT, BM, BN and `meta` (the family's other compile-time values and launch options)."""
 
-    align: MoeAlignment
-    num_blocks: int
-    pairs: int
-    topk: int
-    interpret: bool
-
-
-GateUpLaunch = Callable[[MoeRun, torch.Tensor, torch.Tensor, int, int, int, int], None]
-DownLaunch = Callable[[MoeRun, torch.Tensor, torch.Tensor, torch.Tensor, int, int], None]
+    kernel: Callable
+    weights: tuple
+    strides: tuple
+    block_n: int
+    block_k: int  # the K tile that the slices hold whole
+    meta: dict
 
 
 def run_moe(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, num_experts: int, hidden: int,
-    inter: int, block_m: int, bk1: int, bk2: int, splits: Callable[[int], tuple[int, int]], a4w4: bool,
-    x_quantized: bool, add: torch.Tensor | None, gate_up: GateUpLaunch, down: DownLaunch,
+    inter: int, block_m: int, splits: Callable[[int], tuple[int, int]], a4w4: bool, x_quantized: bool,
+    add: torch.Tensor | None, gate_up: MoeGemm, down: MoeGemm,
 ) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)) around a family's launches.
+    """out[t] = sum_j topk_weights[t, j] * down_j(silu(gate_j(x_t)) * up_j(x_t)) around a family's GEMMs.
 
-    splits(num_blocks) -> the wanted K slices of (gate/up, down), cut here into whole bk1 / bk2 tiles.
-    gate_up(run, xa, h, slices, k_per_slice, s_hp, s_hs) writes h: float32 partial gate | up sums
-    [slices, pairs, 2L] when split, else silu(gate) * up [pairs, L] (float32 in A4W4, which the bridge
-    then quantises, and under the interpreter, whose bf16 cast truncates where the GPU's rounds).
-    down(run, h, y, route_w, slices, k_per_slice) writes weighted float32 rows y [slices, pairs, H].
-    x_quantized: x already holds its A4W4 values (`rms_norm(quantize=True)`), bf16 holds them exactly.
+    splits(num_blocks) -> the wanted K slices of (gate/up, down), cut here into whole block_k tiles.
+    gate_up writes h: float32 partial gate | up sums [slices, pairs, 2L] when split, else
+    silu(gate) * up [pairs, L] (float32 in A4W4, which the bridge then quantises, and under the
+    interpreter, whose bf16 cast truncates where the GPU's rounds). down writes weighted float32 rows
+    y [slices, pairs, H]. x_quantized: x already holds its A4W4 values (`rms_norm(quantize=True)`), bf16
+    holds them exactly.
     """
     check_routing(x, topk_ids, topk_weights, hidden)
     tokens, topk = topk_ids.shape
@@ -336,21 +343,27 @@ def run_moe(
     if pairs == 0:
         return torch.zeros_like(x) if add is None else add.to(x.dtype, copy=True)
     align = moe_align(topk_ids, num_experts, block_m)
-    run = MoeRun(align, align.block_experts.numel(), pairs, topk, os.environ.get("TRITON_INTERPRET") == "1")
-    want1, want2 = splits(run.num_blocks)
-    split1, ksplit1 = split_sizes(hidden, bk1, want1)
-    split2, ksplit2 = split_sizes(inter, bk2, want2)
+    blocks = align.block_experts.numel()
+    want1, want2 = splits(blocks)
+    split1, ksplit1 = split_sizes(hidden, gate_up.block_k, want1)
+    split2, ksplit2 = split_sizes(inter, down.block_k, want2)
     xa = fake_quantize(x, torch.bfloat16) if a4w4 and not x_quantized else x.to(torch.bfloat16).contiguous()
     if split1 > 1:
         h_buf = torch.empty(split1, pairs, 2 * inter, dtype=torch.float32, device=x.device)
         s_hp, s_hs = h_buf.stride(1), h_buf.stride(0)
     else:
-        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or run.interpret else torch.bfloat16,
+        h_buf = torch.empty(pairs, inter, dtype=torch.float32 if a4w4 or interpreting() else torch.bfloat16,
                             device=x.device)
         s_hp, s_hs = h_buf.stride(0), 0
-    gate_up(run, xa, h_buf, split1, ksplit1, s_hp, s_hs)
+    g = gate_up
+    g.kernel[(blocks, triton.cdiv(inter, g.block_n), split1)](
+        xa, *g.weights, h_buf, align.sorted_pairs, align.block_experts, pairs, topk, inter, hidden, ksplit1,
+        xa.stride(0), *g.strides, s_hp, s_hs, SPLIT=split1 > 1, BM=block_m, BN=g.block_n, **g.meta)
     h = h_buf if h_buf.dtype == torch.bfloat16 else moe_bridge(h_buf, inter, act=split1 > 1, a4w4=a4w4)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
     y = torch.empty(split2, pairs, hidden, dtype=torch.float32, device=x.device)
-    down(run, h, y, route_w, split2, ksplit2)
+    d = down
+    d.kernel[(blocks, triton.cdiv(hidden, d.block_n), split2)](
+        h, *d.weights, y, align.sorted_pairs, align.block_experts, route_w, pairs, hidden, inter, ksplit2,
+        h.stride(0), *d.strides, y.stride(1), y.stride(0), SPLIT=split2 > 1, BM=block_m, BN=d.block_n, **d.meta)
     return moe_combine(y, topk, x.dtype, add)

@@ -114,7 +114,8 @@ configs = {"auto": None,
 cases = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
-          (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2))]
+          (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2)),
+          (10, 256, 192, 3, 4, None, (2, 1))]  # (1, 2) / (2, 1): one GEMM split, the other whole
 for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
     g, w, d13, d2 = make(si, E, H, L)
     fast = relayout_experts(*w)
@@ -175,7 +176,7 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
-    assert len(cases) == 5 * 4
+    assert len(cases) == 6 * 4
     assert {c["case"][-1] for c in cases} == {"auto", "bn32", "bn32_prefetch", "bm32", "bm32_prefetch"}
     for c in cases:
         assert c["dtype_ok"], c
