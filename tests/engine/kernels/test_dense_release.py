@@ -124,3 +124,33 @@ def test_scales_outside_the_layout_release_nothing(interpreted):
     assert interpreted["big_scale"] == {"released": False, "kept": True}
     assert "NaN" in interpreted["nan"]
     assert interpreted["others_keep"] == [False, False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", [2048, 18432])  # a Kimi-K2.5 shared expert, its dense layer-0 MLP
+def test_released_mlp_at_kimi_width_on_cuda(inter):
+    """On a GPU at H=7168 (compiled kernels): the released MLP's prefill equals dequant_linear on the checkpoint
+    tensors bit for bit, and its decode equals the kept MLP's."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from k2bench.engine.kernels.triton_backend import DEQUANT_MIN_M, TritonBackend, dequant_linear
+
+    H = 7168
+    g = torch.Generator("cuda").manual_seed(inter)
+    w = [torch.randint(0, 256, (2 * inter, H // 2), dtype=torch.uint8, device="cuda", generator=g),
+         torch.randint(118, 122, (2 * inter, H // 32), dtype=torch.uint8, device="cuda", generator=g),
+         torch.randint(0, 256, (H, inter // 2), dtype=torch.uint8, device="cuda", generator=g),
+         torch.randint(118, 122, (H, inter // 32), dtype=torch.uint8, device="cuda", generator=g)]
+    b, kept_b = TritonBackend("cuda"), TritonBackend("cuda")
+    empty = [t.clone() for t in w]
+    assert b.prepare_dense(*empty)
+    for t in empty:
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    x = torch.randn(DEQUANT_MIN_M, H, dtype=torch.bfloat16, device="cuda", generator=g)
+    want = dequant_linear(b.swiglu(dequant_linear(x, w[0], w[1], a4w4=True), True), w[2], w[3], a4w4=True,
+                          x_quantized=True)
+    assert torch.equal(b.dense_mlp(x, *empty, a4w4=True), want)
+    for rows in (4, 128):
+        assert torch.equal(b.dense_mlp(x[:rows], *empty, a4w4=True), kept_b.dense_mlp(x[:rows], *w, a4w4=True))
