@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 KEEP_DENSE_ENV = "K2BENCH_KEEP_DENSE_CHECKPOINT"
 
 
-def _check_backend(prefix: str, released_for: KernelBackend | None, backend: KernelBackend) -> None:
+def _check_backend(prefix: str, released_for: KernelBackend | None, backend: KernelBackend, hint: str = "") -> None:
     """A module whose checkpoint tensors were released at load runs only on the backend that kept its copy."""
     if released_for is not None and backend is not released_for:
         raise RuntimeError(f"{prefix}: the checkpoint layout of these weights was released at load, only the "
-                           f"{released_for.name} backend's own layout is left; load the model with backend='torch' "
-                           f"(or {KEEP_DENSE_ENV}=1 for dense MLPs) to switch backends afterwards")
+                           f"{released_for.name} backend's own layout is left; load the model with backend='torch'"
+                           f"{hint} to switch backends afterwards")
 
 
 class DenseMLP(nn.Module):
@@ -67,9 +67,9 @@ class DenseMLP(nn.Module):
 
     def prepare(self) -> None:
         """After loading, as `Experts.prepare`: when the backend will serve every batch size from its own
-        layout of this MLP, the checkpoint tensors are emptied in place, so the MLP is held once. The
-        environment variable KEEP_DENSE_ENV=1 keeps them (the layout is then built on first use, beside
-        them, as before), e.g. to compare memory or to swap backends on a model loaded for triton."""
+        layout of this MLP, the checkpoint tensors are emptied in place, so the MLP is held once.
+        K2BENCH_KEEP_DENSE_CHECKPOINT=1 in the environment keeps them (the backend's layout is then built on
+        first use, beside them, as before), e.g. to compare memory or to swap backends afterwards."""
         if os.environ.get(KEEP_DENSE_ENV, "").strip() == "1":
             return
         gu, down = self.gate_up, self.down
@@ -81,7 +81,7 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
         """xq: x's A4W4 values, when the norm before wrote them (`takes_quantized`)."""
-        _check_backend(self.prefix, self.released_for, self.par.backend)
+        _check_backend(self.prefix, self.released_for, self.par.backend, f" (or with {KEEP_DENSE_ENV}=1)")
         gu, down = self.gate_up, self.down
         y = self.par.backend.dense_mlp(x if xq is None else xq, gu.weight, gu.weight_scale, down.weight,
                                        down.weight_scale, a4w4=self.par.a4w4, x_quantized=xq is not None)

@@ -118,3 +118,4 @@ def test_fast_layout_replaces_the_checkpoint_experts_and_dense_mlps(tmp_path):
     for r in (fast, keep, kept):
         assert r["rel_err"] < 1e-4 and r["tokens"] == res["torch_tokens"], res
     assert "released at load" in res["swap"] and "backend='torch'" in res["swap"]
+    assert "K2BENCH_KEEP_DENSE_CHECKPOINT=1" in res["swap"]  # layer 0's dense MLP is the first to refuse
