@@ -1,9 +1,12 @@
 """What one layer of the model holds on a device, per tensor-parallel rank, and what a full-depth model needs.
 
-The model is loaded as `k2bench serve` loads it (triton backend on a GPU, so the routed experts are re-laid
-into the fast layout at load and their checkpoint copy is released), once per TP size as rank 0 of that
-size (loading one rank's shards needs no process group). Each dense MLP is run once on one token through
-the backend, as the first decode step does, so any copy the backend builds on first use is counted too.
+The model is loaded as `k2bench serve` loads it (triton backend on a GPU, so the routed experts and the dense
+MLPs, layer 0's and the shared experts, are re-laid into the fast layout at load and their checkpoint copy is
+released: each is held once), once per TP size as rank 0 of that size (loading one rank's shards needs no
+process group). Each dense MLP is run once on one token through the backend, as the first decode step does,
+so any copy the backend builds on first use is counted too: with --keep-dense (K2BENCH_KEEP_DENSE_CHECKPOINT=1)
+the dense MLPs keep their checkpoint tensors and that first decode builds the fast copy beside them, the
+double holding of before, for comparison.
 Bytes are counted per layer and per part (attention, dense MLP, shared expert, router, routed experts,
 norms), parameters plus the backend's own copies of them, and checked against the allocator's figure.
 
@@ -14,18 +17,20 @@ checkpoint only needs the real width (`k2bench engine tiny --preset kimi-k2-widt
 comes from --full-layers / --full-dense.
 
     python bench/layer_memory.py --model /tmp/k2-width-3 --tp 1,4,8 --full-layers 61 --full-dense 1 --out /tmp/out
+    python bench/layer_memory.py --model /tmp/k2-width-3 --tp 1 --keep-dense --out /tmp/out-kept
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
 
 from k2bench.engine.model.loader import load_model
-from k2bench.engine.model.moe import DenseMLP
+from k2bench.engine.model.moe import KEEP_DENSE_ENV, DenseMLP
 
 GIB = 1024**3
 
@@ -125,14 +130,18 @@ def main() -> int:
     ap.add_argument("--full-dense", type=int, default=1, help="dense layers of the full model (Kimi-K2.5: 1)")
     ap.add_argument("--kv-tokens", type=int, default=128 * 9216,
                     help="cached tokens per rank in the projection (default: 128 sequences of 8k+1k)")
+    ap.add_argument("--keep-dense", action="store_true",
+                    help=f"dense MLPs keep their checkpoint tensors ({KEEP_DENSE_ENV}=1), as before they were released")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.keep_dense:
+        os.environ[KEEP_DENSE_ENV] = "1"
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     rows, proj = [], []
     doc = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "backend": backend, "measured": rows, "projection": proj}
+           "backend": backend, "keep_dense": args.keep_dense, "measured": rows, "projection": proj}
     for tp in (int(t) for t in args.tp.split(",")):
         row = measure(args.model, device, tp, backend)
         rows.append(row)

@@ -137,6 +137,14 @@ class KernelBackend(Protocol):
         memory); `fused_moe` still receives the same tensor objects."""
         ...
 
+    def prepare_dense(
+        self, w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor | None
+    ) -> bool:
+        """`prepare_moe` for one dense SwiGLU MLP (a dense layer's MLP, the shared experts), called once after
+        loading: True when this backend's `dense_mlp` will serve every batch size from its own layout of these
+        weights, so the caller may release the checkpoint tensors; `dense_mlp` still receives them."""
+        ...
+
     def plan_attention(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
         """The step's gather plan from the runner's metadata (may read it on the host)."""
         ...

@@ -24,6 +24,8 @@ once (`relayout_experts`) so that the decode is cheap and needs no reshuffling:
   bf16(2^(e-1)) built from the E8M0 code e as ((e + 126) << 7) gives value = bits * scale in one
   exact multiply. bf16 holds 2^(e-1) up to e = 128 (weights up to 12); `relayout_experts` refuses
   larger scales (the caller keeps the checkpoint layout) and the NaN code 0xFF.
+- Back: `unrelayout` rebuilds one expert's checkpoint bytes from the layout (exact), so a dense MLP
+  kept only in this layout can still be dequantised for a BLAS GEMM at prefill sizes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from k2bench.engine.model.mxfp4 import BLOCK, E8M0_NAN
 
@@ -110,3 +113,57 @@ def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2:
     f13, g13 = _relayout(w13, s13)
     f2, g2 = _relayout(w2, s2)
     return FastExperts(f13, g13, f2, g2, hidden=2 * w13.shape[2], inter=w13.shape[1] // 2)
+
+
+@triton.jit
+def _unrelayout_kernel(wf_ptr, sf_ptr, table_ptr, w_ptr, s_ptr, N, HALF, GROUPS, BN: tl.constexpr):
+    """One chunk of BN rows back to checkpoint bytes: byte p of the chunk (codes k = 2p, 2p + 1) sits in
+    word table[p], code bit b at bit table[32 (b + 1) + p] of the word's low half (k even) or high half."""
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    c = tl.program_id(1)
+    p = tl.arange(0, CHUNK // 2)
+    ok = rn < N
+    word = tl.load(table_ptr + p)
+    words = tl.load(wf_ptr + (c * N + rn[:, None]) * 8 + word[None, :], mask=ok[:, None], other=0)
+    byte = tl.zeros((BN, CHUNK // 2), dtype=tl.int32)
+    for b in tl.static_range(4):
+        pos = tl.load(table_ptr + (CHUNK // 2) * (b + 1) + p)[None, :]
+        byte |= ((words >> pos) & 1) << b
+        byte |= ((words >> (pos + 16)) & 1) << (b + 4)
+    col = c * (CHUNK // 2) + p
+    tl.store(w_ptr + rn[:, None] * HALF + col[None, :], byte.to(tl.uint8), mask=ok[:, None] & (col < HALF)[None, :])
+    g = tl.arange(0, CHUNK // BLOCK)
+    gcol = c * (CHUNK // BLOCK) + g
+    s = tl.load(sf_ptr + (c * N + rn[:, None]) * (CHUNK // BLOCK) + g[None, :], mask=ok[:, None], other=0)
+    tl.store(s_ptr + rn[:, None] * GROUPS + gcol[None, :], s, mask=ok[:, None] & (gcol < GROUPS)[None, :])
+
+
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _word_table(device: torch.device) -> torch.Tensor:
+    """int32 [5, 32]: per byte p = 16h + 8s + 4c + q of a chunk, its word 2q + h, then the bit of each of
+    its codes' bits 0-3 in a word half (WORD_BITS of pair 2s + c)."""
+    if device not in _TABLES:
+        p = torch.arange(CHUNK // 2)
+        h, s, c, q = p >> 4, (p >> 3) & 1, (p >> 2) & 1, p & 3
+        bits = torch.tensor(WORD_BITS)[2 * s + c]  # [32, 4]
+        _TABLES[device] = torch.cat([(2 * q + h)[None], bits.T]).to(torch.int32).contiguous().to(device)
+    return _TABLES[device]
+
+
+def unrelayout(wf: torch.Tensor, sf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert's fast layout ([K/64, N, 32] words + [K/64, N, 2] scales) back to the checkpoint layout
+    (packed [N, k/2] + scales [N, k/32], the chunk padding dropped): the exact inverse of `_relayout`, so a
+    caller that keeps only the fast copy can still dequantise it for a BLAS GEMM (prefill-size batches)."""
+    chunks, n, _ = wf.shape
+    if k % BLOCK or triton.cdiv(k, CHUNK) != chunks:
+        raise ValueError(f"K={k} does not fit a fast layout of {chunks} chunks")
+    w = torch.empty(n, k // 2, dtype=torch.uint8, device=wf.device)
+    s = torch.empty(n, k // BLOCK, dtype=torch.uint8, device=wf.device)
+    if n:
+        bn = 64
+        _unrelayout_kernel[(triton.cdiv(n, bn), chunks)](
+            wf.contiguous().view(torch.int32), sf.contiguous(), _word_table(wf.device), w, s, n, k // 2,
+            k // BLOCK, BN=bn)
+    return w, s

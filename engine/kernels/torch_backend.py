@@ -126,6 +126,10 @@ class TorchBackend:
         """The checkpoint layout is this backend's layout: it must stay."""
         return False
 
+    def prepare_dense(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """Likewise for dense MLPs: the checkpoint layout is the only one this backend reads."""
+        return False
+
     def fused_moe(
         self,
         x: torch.Tensor,

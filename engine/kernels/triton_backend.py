@@ -39,6 +39,7 @@ from k2bench.engine.kernels.moe_fast_layout import (
     NanScaleError,
     ScaleRangeError,
     relayout_experts,
+    unrelayout,
 )
 from k2bench.engine.kernels.torch_backend import TorchBackend
 from k2bench.engine.kernels.triton_attention import mla_decode
@@ -354,17 +355,32 @@ class TritonBackend(TorchBackend):
         return fused_moe_mxfp4(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, a4w4=a4w4, add=add,
                                x_quantized=x_quantized)
 
+    def prepare_dense(self, w13, w13_scale, w2, w2_scale) -> bool:
+        """On the fast variant a dense MLP's one-expert fast copy is built at load, and True (the checkpoint
+        tensors may go) when its scales fit that layout: `dense_mlp` then serves decode batches from it as
+        before and prefill batches by decoding it back (`_dense_dequantised`). Elsewhere (or where the
+        scales do not fit) nothing changes: the checkpoint layout stays and is read as before."""
+        if w13_scale is None or w2_scale is None or self._moe_variant(w13.device) != "fast":
+            return False
+        return self._fast_experts(w13, w13_scale, w2, w2_scale, dense=True) is not None
+
     def dense_mlp(self, x, w13, w13_scale, w2, w2_scale, *, a4w4=False, x_quantized=False):
         """Below DEQUANT_MIN_M rows on the fast variant, the MLP runs as a one-expert fused MoE: the fast
         layout's decode instead of dot_scaled's, and no bf16 round trip of gate/up between the GEMMs.
-        Larger batches (prefill) dequantise for cuBLAS through `linear`, as before."""
+        Larger batches (prefill) dequantise for cuBLAS: through `linear` while the checkpoint tensors are
+        kept, from the fast copy once `prepare_dense` let them go (the same products either way)."""
         rows = x.numel() // x.shape[-1]
-        if w13_scale is None or w2_scale is None or rows == 0 or rows >= DEQUANT_MIN_M \
-                or self._moe_variant(x.device) != "fast":
+        released = w13_scale is not None and w13.numel() == 0
+        if not released and (w13_scale is None or w2_scale is None or rows == 0 or rows >= DEQUANT_MIN_M
+                             or self._moe_variant(x.device) != "fast"):
             return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
-        fast = self._fast_experts(w13, w13_scale, w2, w2_scale, dense=True)
+        fast = self._fast_experts(w13, w13_scale, w2, w2_scale, dense=True)  # released: the copy prepare built
         if fast is None:
             return super().dense_mlp(x, w13, w13_scale, w2, w2_scale, a4w4=a4w4, x_quantized=x_quantized)
+        if rows == 0:
+            return x.new_empty(*x.shape[:-1], fast.hidden)
+        if rows >= DEQUANT_MIN_M:
+            return self._dense_dequantised(x, fast, a4w4=a4w4, x_quantized=x_quantized)
         ids, weights = self._one_expert_routing(rows, x.device)
         x2 = x.reshape(rows, x.shape[-1])
         cfg = fast_tiles(rows, 1)
@@ -374,6 +390,17 @@ class TritonBackend(TorchBackend):
         y = fused_moe_fast(x2, ids, weights, fast, a4w4=a4w4, x_quantized=x_quantized, config=cfg, split_k=split1,
                            down_split_k=split2)
         return y.reshape(*x.shape[:-1], fast.hidden)
+
+    def _dense_dequantised(self, x: torch.Tensor, fast: FastExperts, *, a4w4: bool, x_quantized: bool) -> torch.Tensor:
+        """A prefill-size batch through the fast copy alone: each weight goes back to its checkpoint bytes
+        (`unrelayout`, exact) and through `dequant_linear`, as `linear` runs the kept checkpoint tensors on
+        a GPU without FP4 units, so the output is that path's bit for bit; only one weight's bytes are
+        rebuilt at a time (a quarter of the bf16 copy `dequant_linear` makes anyway)."""
+        w, s = unrelayout(fast.w13[0], fast.s13[0], fast.hidden)
+        gate_up = dequant_linear(x, w, s, a4w4=a4w4, x_quantized=x_quantized)
+        del w, s
+        w, s = unrelayout(fast.w2[0], fast.s2[0], fast.inter)
+        return dequant_linear(self.swiglu(gate_up, a4w4), w, s, a4w4=a4w4, x_quantized=a4w4)
 
     def _one_expert_routing(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert 0 with weight 1 for `rows` tokens: views of buffers made once (no kernel per call)."""

@@ -15,7 +15,7 @@ from k2bench.engine.kernels import BackendError, get_backend
 from k2bench.engine.model.checkpoint import CheckpointError, load_checkpoint
 from k2bench.engine.model.config import ConfigError, ModelConfig, load_config
 from k2bench.engine.model.deepseek import DeepseekV3ForCausalLM
-from k2bench.engine.model.moe import Experts
+from k2bench.engine.model.moe import DenseMLP, Experts
 from k2bench.engine.model.parallel import Parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,7 +80,7 @@ def load_model(
     load_checkpoint(model_dir, specs, cfg)
     try:
         for module in model.modules():
-            if isinstance(module, Experts):
+            if isinstance(module, (Experts, DenseMLP)):
                 module.prepare()
     except BackendError as exc:  # weights the backend's kernels cannot take, e.g. NaN scales
         raise CheckpointError(f"{model_dir}: {exc}") from exc

@@ -7,6 +7,7 @@ does a single all-reduce. The router is replicated and runs in float32.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -22,12 +23,25 @@ if TYPE_CHECKING:
     from k2bench.engine.kernels.backend import KernelBackend
 
 
+# set to 1: dense MLPs keep their checkpoint tensors at load even where the backend could release them
+KEEP_DENSE_ENV = "K2BENCH_KEEP_DENSE_CHECKPOINT"
+
+
+def _check_backend(prefix: str, released_for: KernelBackend | None, backend: KernelBackend, hint: str = "") -> None:
+    """A module whose checkpoint tensors were released at load runs only on the backend that kept its copy."""
+    if released_for is not None and backend is not released_for:
+        raise RuntimeError(f"{prefix}: the checkpoint layout of these weights was released at load, only the "
+                           f"{released_for.name} backend's own layout is left; load the model with backend='torch'"
+                           f"{hint} to switch backends afterwards")
+
+
 class DenseMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, par: Parallel, prefix: str, intermediate: int, *, reduce: bool) -> None:
         super().__init__()
         self.prefix = prefix
         self.par = par
         self.reduce = reduce
+        self.released_for: KernelBackend | None = None  # the backend left with the only copy (see `prepare`)
         q = cfg.quant
         quant = q is not None and q.is_quantized(f"{prefix}.gate_proj")
         if q is not None and quant != q.is_quantized(f"{prefix}.up_proj"):
@@ -51,8 +65,23 @@ class DenseMLP(nn.Module):
         """Whether the input may come already A4W4-quantised (`forward`'s xq): the first GEMM is MXFP4."""
         return self.par.a4w4 and self.gate_up.quantized
 
+    def prepare(self) -> None:
+        """After loading, as `Experts.prepare`: when the backend will serve every batch size from its own
+        layout of this MLP, the checkpoint tensors are emptied in place, so the MLP is held once.
+        K2BENCH_KEEP_DENSE_CHECKPOINT=1 in the environment keeps them (the backend's layout is then built on
+        first use, beside them, as before), e.g. to compare memory or to swap backends afterwards."""
+        if os.environ.get(KEEP_DENSE_ENV, "").strip() == "1":
+            return
+        gu, down = self.gate_up, self.down
+        params = (gu.weight, gu.weight_scale, down.weight, down.weight_scale)
+        if self.par.backend.prepare_dense(*params):
+            for p in params:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            self.released_for = self.par.backend
+
     def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
         """xq: x's A4W4 values, when the norm before wrote them (`takes_quantized`)."""
+        _check_backend(self.prefix, self.released_for, self.par.backend, f" (or with {KEEP_DENSE_ENV}=1)")
         gu, down = self.gate_up, self.down
         y = self.par.backend.dense_mlp(x if xq is None else xq, gu.weight, gu.weight_scale, down.weight,
                                        down.weight_scale, a4w4=self.par.a4w4, x_quantized=xq is not None)
@@ -172,10 +201,7 @@ class Experts(nn.Module):
     ) -> torch.Tensor:
         """Routed experts' sum for each token, plus `add` (the shared experts' output) in the same pass;
         x_quantized: x already holds its A4W4 values."""
-        if self.released_for is not None and self.par.backend is not self.released_for:
-            raise RuntimeError(f"{self.prefix}: the checkpoint layout of these experts was released at load, only "
-                               f"the {self.released_for.name} backend's own layout is left; load the model with "
-                               "backend='torch' to switch backends afterwards")
+        _check_backend(self.prefix, self.released_for, self.par.backend)
         return self.par.backend.fused_moe(
             x, ids, weights, self.w13, self.w13_scale, self.w2, self.w2_scale, a4w4=self.par.a4w4, add=add,
             x_quantized=x_quantized,

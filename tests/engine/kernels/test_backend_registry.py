@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 from k2bench.engine.kernels import BackendError, KernelBackend, backend_names, get_backend  # noqa: E402
 from k2bench.engine.kernels.torch_backend import TorchBackend  # noqa: E402
 
-OPS = ("linear", "rms_norm", "swiglu", "fused_moe", "prepare_moe", "plan_attention", "decode_plan", "mla")
+OPS = ("linear", "rms_norm", "swiglu", "fused_moe", "dense_mlp", "prepare_moe", "prepare_dense", "plan_attention",
+       "decode_plan", "mla")
 
 
 def test_aiter_is_an_unknown_backend_that_lists_the_valid_ones():
