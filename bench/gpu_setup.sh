@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/run.log"
 # The GPU tests of the engine, run with `pytest -m gpu $GPU_TESTS` (files named so that pytest never collects modules that need the
 # dev-only extras the image lacks).
-GPU_TESTS="tests/engine/model/test_model_gpu.py tests/engine/kernels/test_triton_quant.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_triton_moe.py tests/engine/kernels/test_triton_moe_fast.py tests/engine/kernels/test_dense_mlp.py tests/engine/kernels/test_triton_routing.py tests/engine/kernels/test_triton_attention.py tests/engine/kernels/test_triton_gpu_shapes.py tests/engine/kernels/test_triton_norm.py tests/engine/kernels/test_triton_moe_glue.py tests/engine/model/test_kernel_count.py tests/engine/runtime/test_cuda_graphs_gpu.py"
+GPU_TESTS="tests/engine/model/test_model_gpu.py tests/engine/kernels/test_triton_quant.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_triton_moe.py tests/engine/kernels/test_triton_moe_fast.py tests/engine/kernels/test_dense_mlp.py tests/engine/kernels/test_dense_release.py tests/engine/kernels/test_triton_routing.py tests/engine/kernels/test_triton_attention.py tests/engine/kernels/test_triton_gpu_shapes.py tests/engine/kernels/test_triton_norm.py tests/engine/kernels/test_triton_moe_glue.py tests/engine/model/test_kernel_count.py tests/engine/runtime/test_cuda_graphs_gpu.py"
 # The Kimi-K2.5-width MXFP4 checkpoint with $1 layers (random weights), written on the GPU once per machine
 # and shared by the scripts of one call; sets CKPT. $2 names the step in the log line.
 width_checkpoint() {
