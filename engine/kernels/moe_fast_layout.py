@@ -116,25 +116,27 @@ def relayout_experts(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2:
 
 
 @triton.jit
-def _unrelayout_kernel(wf_ptr, sf_ptr, table_ptr, w_ptr, s_ptr, N, HALF, GROUPS, BN: tl.constexpr):
+def _unrelayout_kernel(wf_ptr, sf_ptr, table_ptr, w_ptr, s_ptr, N, HALF, GROUPS, BN: tl.constexpr, CB: tl.constexpr,
+                       CG: tl.constexpr):
     """One chunk of BN rows back to checkpoint bytes: byte p of the chunk (codes k = 2p, 2p + 1) sits in
-    word table[p], code bit b at bit table[32 (b + 1) + p] of the word's low half (k even) or high half."""
+    word table[p], code bit b at bit table[32 (b + 1) + p] of the word's low half (k even) or high half. CB / CG:
+    bytes / scale groups per chunk (module globals are not visible to a compiled kernel, only to the interpreter)."""
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     c = tl.program_id(1)
-    p = tl.arange(0, CHUNK // 2)
+    p = tl.arange(0, CB)
     ok = rn < N
     word = tl.load(table_ptr + p)
     words = tl.load(wf_ptr + (c * N + rn[:, None]) * 8 + word[None, :], mask=ok[:, None], other=0)
-    byte = tl.zeros((BN, CHUNK // 2), dtype=tl.int32)
+    byte = tl.zeros((BN, CB), dtype=tl.int32)
     for b in tl.static_range(4):
-        pos = tl.load(table_ptr + (CHUNK // 2) * (b + 1) + p)[None, :]
+        pos = tl.load(table_ptr + CB * (b + 1) + p)[None, :]
         byte |= ((words >> pos) & 1) << b
         byte |= ((words >> (pos + 16)) & 1) << (b + 4)
-    col = c * (CHUNK // 2) + p
+    col = c * CB + p
     tl.store(w_ptr + rn[:, None] * HALF + col[None, :], byte.to(tl.uint8), mask=ok[:, None] & (col < HALF)[None, :])
-    g = tl.arange(0, CHUNK // BLOCK)
-    gcol = c * (CHUNK // BLOCK) + g
-    s = tl.load(sf_ptr + (c * N + rn[:, None]) * (CHUNK // BLOCK) + g[None, :], mask=ok[:, None], other=0)
+    g = tl.arange(0, CG)
+    gcol = c * CG + g
+    s = tl.load(sf_ptr + (c * N + rn[:, None]) * CG + g[None, :], mask=ok[:, None], other=0)
     tl.store(s_ptr + rn[:, None] * GROUPS + gcol[None, :], s, mask=ok[:, None] & (gcol < GROUPS)[None, :])
 
 
@@ -165,5 +167,5 @@ def unrelayout(wf: torch.Tensor, sf: torch.Tensor, k: int) -> tuple[torch.Tensor
         bn = 64
         _unrelayout_kernel[(triton.cdiv(n, bn), chunks)](
             wf.contiguous().view(torch.int32), sf.contiguous(), _word_table(wf.device), w, s, n, k // 2,
-            k // BLOCK, BN=bn)
+            k // BLOCK, BN=bn, CB=CHUNK // 2, CG=CHUNK // BLOCK)
     return w, s
