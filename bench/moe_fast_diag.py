@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 from k2bench.engine.kernels.moe_fast_layout import relayout_experts
 from k2bench.engine.kernels.triton_moe_fast import _load_w, _load_x, _mma_chunk
@@ -132,22 +135,12 @@ def random_mxfp4(*shape, gen):
 
 
 def time_ms(fn, reps):
+    """Median CUDA-event time (engine_gpu_bench's timer); one perf_counter call under the interpreter."""
     if DEV == "cpu":
-        import time
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return cuda_time_ms(fn, reps, warmup=1)[0]
 
 
 def main() -> int:
@@ -172,10 +165,7 @@ def main() -> int:
     del w13, w2
     bw = 4242.0
     if not a.tiny:
-        x = torch.randn(1 << 30, device=DEV)
-        y = torch.empty_like(x)
-        bw = 2 * (1 << 30) * 4 / (time_ms(lambda: y.copy_(x), 10) / 1e3) / 1e9
-        del x, y
+        bw = copy_bandwidth_gbs()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     if not a.tiny:
         wi = fast.w13.view(torch.int32)
