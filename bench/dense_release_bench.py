@@ -21,11 +21,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_gpu_bench import cuda_time_ms  # noqa: E402
 
 from k2bench.engine.kernels import get_backend
 from k2bench.engine.kernels.triton_backend import dequant_linear
@@ -78,20 +82,15 @@ def memory_row(hidden: int, inter: int, device: torch.device, release: bool, pre
 
 
 def median_ms(fn, reps: int, cuda: bool) -> float:
+    """The GPU benches' event timer (`engine_gpu_bench.cuda_time_ms`) on a GPU; perf_counter on CPU."""
+    if cuda:
+        return cuda_time_ms(fn, reps, warmup=1)[0]
     fn()  # compiles
     times = []
     for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
