@@ -31,16 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 E, H, TOPK = 384, 7168, 8
-# (block_m, block_n, num_warps, num_stages, prefetch, split_k): the dispatched rows' neighbours
-# (moe_dispatch.FAST_TILES says what they measured). 256 weight rows per program on pointer loads once
-# stopped an H200 run with a misaligned-address fault; on descriptors they measured slower than 128
-# (bench/results/2026-12-01_h200_moe4).
+# (block_m, block_n, num_warps, num_stages, prefetch, chunks per K step of gate/up, of down, split_k): the
+# dispatched rows' neighbours (moe_dispatch.FAST_TILES says what they measured). 256 weight rows per program
+# on pointer loads once stopped an H200 run with a misaligned-address fault; on descriptors they measured
+# slower than 128 (bench/results/2026-12-01_h200_moe4).
 DECODE_SWEEP = [
-    (16, 128, 4, 3, True, 1), (16, 256, 4, 3, True, 1), (32, 128, 4, 4, True, 1), (16, 128, 4, 4, False, 1),
-    (16, 128, 4, 4, True, 2),
+    (16, 128, 4, 4, True, 1, 1, 1), (16, 128, 4, 3, True, 1, 1, 1), (16, 128, 4, 3, True, 2, 2, 1),
+    (16, 128, 4, 4, True, 1, 2, 1), (16, 128, 4, 3, True, 1, 2, 2), (16, 256, 4, 3, True, 1, 2, 1),
+    (32, 128, 4, 3, True, 1, 2, 1), (32, 128, 4, 4, True, 1, 2, 1), (16, 128, 4, 3, False, 1, 2, 1),
 ]
-PREFILL_SWEEP = [(64, 128, 8, 3, False, 1), (64, 128, 8, 4, True, 1)]
-
+PREFILL_SWEEP = [(64, 128, 8, 4, False, 1, 1, 1), (64, 128, 8, 3, False, 1, 2, 1), (64, 128, 8, 4, False, 2, 2, 1)]
 
 def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), dtype=torch.uint8, device="cuda")
@@ -49,8 +49,11 @@ def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def describe(cfg) -> str:
-    pf = "" if not isinstance(cfg, FastTiles) else (" pf" if cfg.prefetch else " nopf")
-    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{pf}"
+    if not isinstance(cfg, FastTiles):
+        return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+    c13, c2 = cfg.step_chunks()
+    pf = " pf" if cfg.prefetch else " nopf"
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{pf} c{c13}/{c2}"
 
 
 def graph_time_ms(fn, reps: int) -> float:
@@ -110,7 +113,7 @@ def main() -> int:
         ref = fused_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, a4w4=True).float()
         sweep = (PREFILL_SWEEP if T * TOPK >= FAST_PREFILL_PAIRS * E else DECODE_SWEEP) if args.sweep else []
         runs = [("dot_scaled", None, 1), ("fast", None, 1)]
-        runs += [("fast", FastTiles(*c[:5]), c[5]) for c in sweep]
+        runs += [("fast", FastTiles(*c[:7]), c[7]) for c in sweep]
         for name, cfg, split in runs:
             if name == "dot_scaled":
                 fn = partial(fused_moe_mxfp4, x, ids, wts, w13, s13, w2, s2, a4w4=True)

@@ -40,14 +40,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_bench import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
 
 from k2bench.engine.kernels.moe_fast_layout import relayout_experts
-from k2bench.engine.kernels.triton_moe_fast import _load_w, _load_x, _mma_chunk
+from k2bench.engine.kernels.triton_moe_fast import _load_x, _mma_chunk
 from k2bench.engine.kernels.triton_moe_glue import block_pairs, moe_align
 
 
 @triton.jit
 def _next_x(x_ptrs, pair, num_pairs, kc, k_hi, K):
     kn = kc + 64
-    return _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+    x = _load_x(x_ptrs, pair < tl.where(kn < k_hi, num_pairs, 0), kn, K, 1)
+    return x[0], x[1]
+
+
+@triton.jit
+def _load_w(w_desc, s_desc, row, BN: tl.constexpr):
+    """A chunk's words [BN, 8] and scale codes [BN, 2] through 2-D views ([rows, 8] words, [rows / 8, 16]
+    scales), which also reach the tile-major addresses of modes 5 and 6."""
+    return w_desc.load([row, 0]), tl.reshape(s_desc.load([row // 8, 0]), (BN, 2))
+
+@triton.jit
+def _xor2(s):
+    """A [n, 2] code pair folded to one int32 per row (the loads-only modes' use of the scales)."""
+    lo, hi = tl.split(s)
+    return (lo ^ hi).to(tl.int32)
+
 
 E, H, TOPK = 384, 7168, 8
 DEV = "cuda"
@@ -64,15 +79,15 @@ def _diag(x_ptr, xs_desc, w_desc, s_desc, w2d, s2d, out_ptr, pairs_ptr, block_ex
     pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     tok = pair // topk
     x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
-    x_ok = valid[None, :]
     acc_g = tl.zeros((BN, BM), dtype=tl.float32)
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
     acc_x = tl.zeros((BN, 8), dtype=tl.int32)
     row0 = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
     slot0 = tl.program_id(0) * BM
-    nxl, nxh = _load_x(x_ptrs, x_ok, 0, K)
+    nx = _load_x(x_ptrs, valid, 0, K, 1)
+    nxl, nxh = nx[0], nx[1]
     x0l, x0h = nxl, nxh
-    _p0, s0l, s0h = _load_w(w_desc, s_desc, (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN, BN)
+    _p0, s0 = _load_w(w_desc, s_desc, (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN, BN)
     tile0 = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN * (K // 64)
     for kc in range(0, K, CH):
         if MODE == 0 or MODE == 7:
@@ -88,40 +103,40 @@ def _diag(x_ptr, xs_desc, w_desc, s_desc, w2d, s2d, out_ptr, pairs_ptr, block_ex
         row = row0 + (kc // 64) * rows_c
         if MODE == 5:  # tile-major addresses: this program's chunks one after another
             r5 = tile0 + (kc // 64) * BN
-            p5, s5l, s5h = _load_w(w_desc, s_desc, r5, BN)
-            acc_x = acc_x ^ p5 ^ (s5l ^ s5h).to(tl.int32)[:, None]
+            p5, s5 = _load_w(w_desc, s_desc, r5, BN)
+            acc_x = acc_x ^ p5 ^ _xor2(s5)[:, None]
             if STREAMS == 2:
-                p5, s5l, s5h = _load_w(w_desc, s_desc, r5 + N * (K // 64), BN)
-                acc_x = acc_x ^ p5 ^ (s5l ^ s5h).to(tl.int32)[:, None]
+                p5, s5 = _load_w(w_desc, s_desc, r5 + N * (K // 64), BN)
+                acc_x = acc_x ^ p5 ^ _xor2(s5)[:, None]
         elif MODE == 6:  # tile-major, two chunks per copy
             r6 = tile0 + (kc // 64) * BN
-            p6, s6l, s6h = _load_w(w2d, s2d, r6, 2 * BN)
-            acc_x = acc_x ^ tl.reshape(p6, (2, BN, 8)).sum(0) ^ tl.reshape((s6l ^ s6h).to(tl.int32), (2, BN)).sum(0)[:, None]
+            p6, s6 = _load_w(w2d, s2d, r6, 2 * BN)
+            acc_x = acc_x ^ tl.reshape(p6, (2, BN, 8)).sum(0) ^ tl.reshape(_xor2(s6), (2, BN)).sum(0)[:, None]
             if STREAMS == 2:
-                p6, s6l, s6h = _load_w(w2d, s2d, r6 + N * (K // 64), 2 * BN)
-                acc_x = acc_x ^ tl.reshape(p6, (2, BN, 8)).sum(0) ^ tl.reshape((s6l ^ s6h).to(tl.int32), (2, BN)).sum(0)[:, None]
+                p6, s6 = _load_w(w2d, s2d, r6 + N * (K // 64), 2 * BN)
+                acc_x = acc_x ^ tl.reshape(p6, (2, BN, 8)).sum(0) ^ tl.reshape(_xor2(s6), (2, BN)).sum(0)[:, None]
         elif MODE >= 7:
             pg = w_desc.load([row, 0])
-            acc_g = _mma_chunk(acc_g, pg, s0l, s0h, xl, xh, INTERPRET, BN)
+            acc_g = _mma_chunk(acc_g, pg, s0, xl, xh, INTERPRET, BN)
             if STREAMS == 2:
                 pu = w_desc.load([row + N, 0])
-                acc_u = _mma_chunk(acc_u, pu, s0l, s0h, xl, xh, INTERPRET, BN)
+                acc_u = _mma_chunk(acc_u, pu, s0, xl, xh, INTERPRET, BN)
         elif MODE == 4:
             acc_x = acc_x ^ w_desc.load([row, 0])
             if STREAMS == 2:
                 acc_x = acc_x ^ w_desc.load([row + N, 0])
         else:
-            pg, sgl, sgh = _load_w(w_desc, s_desc, row, BN)
+            pg, sg = _load_w(w_desc, s_desc, row, BN)
             if MODE == 3:
-                acc_x = acc_x ^ pg ^ (sgl ^ sgh).to(tl.int32)[:, None]
+                acc_x = acc_x ^ pg ^ _xor2(sg)[:, None]
             else:
-                acc_g = _mma_chunk(acc_g, pg, sgl, sgh, xl, xh, INTERPRET, BN)
+                acc_g = _mma_chunk(acc_g, pg, sg, xl, xh, INTERPRET, BN)
             if STREAMS == 2:
-                pu, sul, suh = _load_w(w_desc, s_desc, row + N, BN)
+                pu, su = _load_w(w_desc, s_desc, row + N, BN)
                 if MODE == 3:
-                    acc_x = acc_x ^ pu ^ (sul ^ suh).to(tl.int32)[:, None]
+                    acc_x = acc_x ^ pu ^ _xor2(su)[:, None]
                 else:
-                    acc_u = _mma_chunk(acc_u, pu, sul, suh, xl, xh, INTERPRET, BN)
+                    acc_u = _mma_chunk(acc_u, pu, su, xl, xh, INTERPRET, BN)
     if MODE >= 3:
         acc_g += tl.sum(acc_x, axis=1).to(tl.float32)[:, None]
     res = acc_g * acc_u if STREAMS == 2 else acc_g

@@ -60,14 +60,22 @@ def moe_kernel(device: torch.device) -> str:
 @dataclass(frozen=True)
 class FastTiles:
     """Tiles of one `fused_moe_fast` call: block_m pairs per block (the MMA's narrow side), block_n weight
-    rows per program (two 64-row wgmma tiles at 128); prefetch: the next chunk's activations are loaded in
-    registers a chunk ahead (weights and scales are always pipelined num_stages deep by the descriptors)."""
+    rows per program (two 64-row wgmma tiles at 128); prefetch: the next step's activations are loaded in
+    registers a step ahead (weights and scales are always pipelined num_stages deep by the descriptors);
+    chunks / down_chunks: 64-wide K chunks per step of the gate/up / down GEMM, whose words and scales come
+    in one copy each (down_chunks None: as chunks)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     prefetch: bool
+    chunks: int = 1
+    down_chunks: int | None = None
+
+    def step_chunks(self) -> tuple[int, int]:
+        """Chunks per K step of (gate/up, down)."""
+        return self.chunks, self.chunks if self.down_chunks is None else self.down_chunks
 
 
 @dataclass(frozen=True)
@@ -81,17 +89,24 @@ class ScaledTiles:
 
 
 # The fast family on an H200 (E=384, H=7168, L=2048, top 8, A4W4, CUDA-graph replays,
-# bench/engine_moe_gpu_bench.py; bench/results/2026-12-01_h200_moe3 and _moe4), rows by pairs per expert:
+# bench/engine_moe_gpu_bench.py; bench/results/2026-12-01_h200_moe3 and _moe4, 2026-12-03_h200_session10),
+# rows by pairs per expert. Chunks per K step: the down GEMM (K = 2048, 32 chunks a program) gains from
+# two chunks a copy at every size; gate/up (K = 7168) loses at decode sizes, where the step's 159 registers
+# (against 119, sm_90 ptxas) leave fewer programs per SM, and gains at prefill; four chunks a step
+# (180 registers) lost everywhere.
 FAST_TILES = {
-    # <= 16 pairs per expert (decode up to 768 tokens): 0.312 / 1.490 / 2.909 ms at 4 / 32 / 128 tokens,
-    # 1.83x / 1.46x / 1.45x the byte floor. 3 stages within 1.5%; 256 rows 5-6% slower; 256 rows on 8 warps
-    # 14-19% slower; 32-pair blocks 26-43% slower; without the activation prefetch 70-76% slower.
-    "decode": FastTiles(block_m=16, block_n=128, num_warps=4, num_stages=4, prefetch=True),
-    # 16 to 128 pairs per expert: 4.52 ms at 1024 tokens against 6.47 for the decode tiles (moe4 first call)
-    "batched": FastTiles(block_m=32, block_n=128, num_warps=4, num_stages=4, prefetch=True),
-    # >= 128 pairs per expert (prefill): 19.4 ms, 298 TFLOP/s at 8192 tokens against 32.5 for tl.dot_scaled;
-    # in the moe3 first call (nibble layout) 22.9 ms, with the register prefetch 37.6, 64x64 tiles on 4 warps 24.6
-    "prefill": FastTiles(block_m=64, block_n=128, num_warps=8, num_stages=4, prefetch=False),
+    # <= 16 pairs per expert (decode up to 768 tokens). Down, 2 chunks a step: 0.086 / 0.464 / 0.943 ms at 4 /
+    # 32 / 128 tokens against 0.101 / 0.514 / 1.048 with one; gate/up, 1 chunk: 0.182 / 0.930 / 1.828 against
+    # 0.218 / 0.941 / 1.881 with two (3 stages; 4 within 1%). Earlier: 256 rows 5-6% slower; 256 rows on 8
+    # warps 14-19% slower; 32-pair blocks 26-43% slower; without the activation prefetch 70-76% slower.
+    "decode": FastTiles(block_m=16, block_n=128, num_warps=4, num_stages=3, prefetch=True, chunks=1, down_chunks=2),
+    # 16 to 128 pairs per expert: at 1024 tokens down 1.488 ms with 2 chunks a step (3 stages) against 1.740
+    # with one; gate/up 2.587 (1 chunk, 4 stages) against 2.806 (2 chunks, 3 stages); the decode tiles 5.9
+    "batched": FastTiles(block_m=32, block_n=128, num_warps=4, num_stages=3, prefetch=True, chunks=1, down_chunks=2),
+    # >= 128 pairs per expert (prefill): 17.6 ms, 327 TFLOP/s at 8192 tokens with 2 chunks a step and 3 stages,
+    # against 19.2 with one chunk and 4 stages and 32.5 for tl.dot_scaled; in the moe3 first call (nibble
+    # layout) 22.9 ms, with the register prefetch 37.6, 64x64 tiles on 4 warps 24.6
+    "prefill": FastTiles(block_m=64, block_n=128, num_warps=8, num_stages=3, prefetch=False, chunks=2),
 }
 FAST_DECODE_PAIRS = 16  # pairs per expert up to which the decode row runs
 FAST_PREFILL_PAIRS = 128  # pairs per expert from which the prefill row runs

@@ -128,28 +128,56 @@ def word_scales(s_lo, s_hi, BN: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_desc, s_desc, row, BN: tl.constexpr):
-    """One 64-wide K chunk of BN weight rows through the descriptors: words [BN, 8] and the two scale codes
-    [BN] of each row; row is the tile's first row in the [rows, 8] word view; its BN scale pairs are
-    BN * 2 contiguous bytes, read as [BN / 8, 16] (a copy's row must span 16 bytes) and split."""
-    p = w_desc.load([row, 0])
-    s = tl.reshape(s_desc.load([row // 8, 0]), (BN, 2))
+def _half_last(u, BIT: tl.constexpr):
+    """u [A, B, 2n] -> the [A, B, n] of last-dimension indices with low bit BIT (split only, no data move)."""
+    lo, hi = tl.split(tl.reshape(u, (u.shape[0], u.shape[1], u.shape[2] // 2, 2)))
+    return hi if BIT else lo
+
+
+@triton.jit
+def _piece(t, IDX: tl.constexpr, N: tl.constexpr):
+    """t[IDX] of a [N, A, B] tensor (N = 1, 2, 4 or 8) as [A, B], by permute / reshape / split only, which
+    Triton maps onto registers the thread already holds."""
+    u = tl.permute(t, (1, 2, 0))
+    if N >= 2:
+        u = _half_last(u, IDX % 2)
+    if N >= 4:
+        u = _half_last(u, (IDX // 2) % 2)
+    if N >= 8:
+        u = _half_last(u, (IDX // 4) % 2)
+    return tl.reshape(u, (u.shape[0], u.shape[1]))
+
+
+@triton.jit
+def _load_w(w_desc, s_desc, chunk, row, BN: tl.constexpr, CPI: tl.constexpr):
+    """CPI consecutive 64-wide K chunks of BN weight rows in one copy each for words and scales: words
+    [CPI, BN, 8] and E8M0 codes [CPI, BN, 2] (the row's two groups per chunk). chunk: the first chunk's index
+    in the [E * chunks, rows, 8] word view; row: the tile's first row. A chunk's BN scale pairs are BN * 2
+    contiguous bytes, read as [BN / 8, 16] (a copy's row must span 16 bytes)."""
+    p = w_desc.load([chunk, row, 0])
+    s = tl.reshape(s_desc.load([chunk, row // 8, 0]), (CPI, BN, 2))
+    return p, s
+
+
+@triton.jit
+def _load_x(x_ptrs, valid, kc, k_hi, CPI: tl.constexpr):
+    """The block's activations at k = kc .. kc + 64 CPI - 1 as a tuple of 2 CPI [32, BM] pieces (2i + h:
+    chunk i's values 32h..32h+31), zero for slots not valid and from k_hi on (so a step that reaches past
+    its K slice adds nothing there); x_ptrs: [32, BM] pointers at k = 0. Separate loads, not one split
+    tensor: a split of loaded values costs a register layout conversion (sm_90 TTGIR)."""
+    rk = tl.arange(0, 32)[:, None]
+    x = ()
+    for j in tl.static_range(2 * CPI):
+        k = kc + 32 * j
+        x = x + (tl.load(x_ptrs + k, mask=valid[None, :] & (k + rk < k_hi), other=0.0),)
+    return x
+
+
+@triton.jit
+def _mma_chunk(acc, p, s, x_lo, x_hi, INTERPRET: tl.constexpr, BN: tl.constexpr):
+    """acc [BN, BM] += W_chunk . x_chunk: the decoded weights (words p [BN, 8], codes s [BN, 2]) as the MMA's
+    A operand, two K=32 MMAs."""
     s_lo, s_hi = tl.split(s)
-    return p, s_lo, s_hi
-
-
-@triton.jit
-def _load_x(x_ptrs, x_ok, kc, K):
-    """The block's activations at k = kc..kc+31 and kc+32..kc+63 as [32, BM] (zero past K)."""
-    rj = tl.arange(0, 32)
-    x_lo = tl.load(x_ptrs + kc, mask=x_ok & (kc + rj < K)[:, None], other=0.0)
-    x_hi = tl.load(x_ptrs + kc + 32, mask=x_ok & (kc + 32 + rj < K)[:, None], other=0.0)
-    return x_lo, x_hi
-
-
-@triton.jit
-def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi, INTERPRET: tl.constexpr, BN: tl.constexpr):
-    """acc [BN, BM] += W_chunk . x_chunk: the decoded weights as the MMA's A operand, two K=32 MMAs."""
     w_lo, w_hi = words_to_operand(p, word_scales(s_lo, s_hi, BN), BN, INTERPRET)
     if INTERPRET:  # the interpreter's tl.dot multiplies bf16 operands as raw bits
         x_lo = x_lo.to(tl.float32)
@@ -162,63 +190,71 @@ def _mma_chunk(acc, p, s_lo, s_hi, x_lo, x_hi, INTERPRET: tl.constexpr, BN: tl.c
 
 
 @triton.jit
-def _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH: tl.constexpr):
-    """What a K loop carries into its first chunk: with PREFETCH that chunk's activations, else x_ok twice
-    as placeholders that `_k_step` hands back untouched (an unchanged loop value, which compiles away)."""
-    if PREFETCH:
-        return _load_x(x_ptrs, x_ok, k_lo, K)
-    else:
-        return x_ok, x_ok
+def _mma_step(acc, p, s, x, INTERPRET: tl.constexpr, BN: tl.constexpr, CPI: tl.constexpr):
+    """acc += the CPI chunks of one step in K order (the same sums, in the same order, as one chunk a step)."""
+    for i in tl.static_range(CPI):
+        acc = _mma_chunk(acc, _piece(p, i, CPI), _piece(s, i, CPI), x[2 * i], x[2 * i + 1], INTERPRET, BN)
+    return acc
 
 
 @triton.jit
-def _k_step(acc_a, acc_b, x_lo, x_hi, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K, w_desc, s_desc, row, b_off,
-            INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, TWO: tl.constexpr, BN: tl.constexpr):
-    """One 64-wide K chunk at kc of a K loop (the loop itself stays in the kernel, where the pipeliner sees
-    these descriptor loads): the activations (PREFETCH: x_lo / x_hi, loaded a chunk before, while the next
-    chunk's, none past k_hi, are loaded now; else loaded here), the weight chunk at `row` and, with TWO,
-    a second stream at row + b_off sharing the activations (gate/up's up rows), then acc_a's MMAs and acc_b's.
-    Returns the accumulators and what to carry into the next chunk (as `_x_ahead`)."""
+def _x_ahead(x_ptrs, valid, k_lo, k_hi, PREFETCH: tl.constexpr, CPI: tl.constexpr):
+    """What a K loop carries into its first step: with PREFETCH that step's activations, else `valid` as a
+    placeholder that `_k_step` hands back untouched (an unchanged loop value, which compiles away)."""
     if PREFETCH:
-        xl, xh = x_lo, x_hi
-        kn = kc + 64
-        x_lo, x_hi = _load_x(x_ptrs, (pair < tl.where(kn < k_hi, num_pairs, 0))[None, :], kn, K)
+        return _load_x(x_ptrs, valid, k_lo, k_hi, CPI)
     else:
-        xl, xh = _load_x(x_ptrs, x_ok, kc, K)
-    pa, sal, sah = _load_w(w_desc, s_desc, row, BN)
+        return valid
+
+
+@triton.jit
+def _k_step(acc_a, acc_b, x_next, x_ptrs, valid, kc, k_hi, w_desc, s_desc, chunk, row, b_off,
+            INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, TWO: tl.constexpr, BN: tl.constexpr,
+            CPI: tl.constexpr):
+    """One step of a K loop at kc: CPI 64-wide chunks (the loop itself stays in the kernel, where the
+    pipeliner sees these descriptor loads). The activations (PREFETCH: x_next, loaded a step before,
+    while the next step's, none from k_hi on, are loaded now; else loaded here), the weight chunks at
+    (chunk, row) and, with TWO, a second stream at row + b_off sharing the activations (gate/up's up rows),
+    then acc_a's MMAs and acc_b's. Returns the accumulators and what to carry into the next step."""
+    if PREFETCH:
+        x = x_next
+        x_next = _load_x(x_ptrs, valid, kc + 64 * CPI, k_hi, CPI)
+    else:
+        x = _load_x(x_ptrs, valid, kc, k_hi, CPI)
+    pa, sa = _load_w(w_desc, s_desc, chunk, row, BN, CPI)
     if TWO:
-        pb, sbl, sbh = _load_w(w_desc, s_desc, row + b_off, BN)
-    acc_a = _mma_chunk(acc_a, pa, sal, sah, xl, xh, INTERPRET, BN)
+        pb, sb = _load_w(w_desc, s_desc, chunk, row + b_off, BN, CPI)
+    acc_a = _mma_step(acc_a, pa, sa, x, INTERPRET, BN, CPI)
     if TWO:
-        acc_b = _mma_chunk(acc_b, pb, sbl, sbh, xl, xh, INTERPRET, BN)
-    return acc_a, acc_b, x_lo, x_hi
+        acc_b = _mma_step(acc_b, pb, sb, x, INTERPRET, BN, CPI)
+    return acc_a, acc_b, x_next
 
 
 @triton.jit(do_not_specialize=["num_pairs"])  # one compiled kernel for every batch size (triton_moe_glue)
 def _fast_gate_up(
     x_ptr, w_desc, s_desc, h_ptr, pairs_ptr, block_experts_ptr,
-    num_pairs, topk, L, K, K_SPLIT, s_xt, rows_e, rows_c, s_hp, s_hs,
+    num_pairs, topk, L, K, K_SPLIT, s_xt, chunks, s_hp, s_hs,
     INTERPRET: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    CPI: tl.constexpr,
 ):
     """h[pair, n] = silu(x . gate_e[n]) * (x . up_e[n]) for a block of pairs and BN rows of each half
-    (SPLIT: float32 partials, `store_gate_up`). rows_e / rows_c: rows of the [rows, 8] word view per
-    expert / per chunk. PREFETCH: the next chunk's activations are loaded before this chunk's MMAs."""
+    (SPLIT: float32 partials, `store_gate_up`). chunks: 64-wide K chunks per expert. CPI: chunks per K
+    step (one copy each). PREFETCH: the next step's activations are loaded before this step's MMAs."""
     expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
     if expert < 0:  # a block past the last expert's group
         return
     pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     tok = pair // topk
     x_ptrs = x_ptr + tok[None, :] * s_xt + tl.arange(0, 32)[:, None]
-    x_ok = valid[None, :]
     acc_g = tl.zeros((BN, BM), dtype=tl.float32)
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
-    g_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    nxl, nxh = _x_ahead(x_ptrs, x_ok, k_lo, K, PREFETCH)
-    for kc in range(k_lo, k_hi, 64):
-        row = g_row + (kc // 64) * rows_c
-        acc_g, acc_u, nxl, nxh = _k_step(acc_g, acc_u, nxl, nxh, x_ptrs, x_ok, pair, num_pairs, kc, k_hi, K,
-                                         w_desc, s_desc, row, L, INTERPRET, PREFETCH, True, BN)
+    c0 = (expert * chunks).to(tl.int32)
+    row = tl.program_id(1) * BN
+    x_next = _x_ahead(x_ptrs, valid, k_lo, k_hi, PREFETCH, CPI)
+    for kc in range(k_lo, k_hi, 64 * CPI):
+        acc_g, acc_u, x_next = _k_step(acc_g, acc_u, x_next, x_ptrs, valid, kc, k_hi, w_desc, s_desc,
+                                       c0 + kc // 64, row, L, INTERPRET, PREFETCH, True, BN, CPI)
     store_gate_up(h_ptr, pair[None, :] * s_hp + rn[:, None], acc_g, acc_u, (rn < L)[:, None] & valid[None, :], L,
                   s_hs, SPLIT)
 
@@ -226,8 +262,9 @@ def _fast_gate_up(
 @triton.jit(do_not_specialize=["num_pairs"])
 def _fast_down(
     h_ptr, w_desc, s_desc, y_ptr, pairs_ptr, block_experts_ptr, route_w_ptr,
-    num_pairs, N, K, K_SPLIT, s_hp, rows_e, rows_c, s_yp, s_ys,
+    num_pairs, N, K, K_SPLIT, s_hp, chunks, s_yp, s_ys,
     INTERPRET: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    CPI: tl.constexpr,
 ):
     """y[pair, n] = route_w[pair] * (h[pair] . down_e[n]) in float32 (SPLIT: partials in y[slice])."""
     expert = tl.load(block_experts_ptr + tl.program_id(0)).to(tl.int64)
@@ -235,33 +272,29 @@ def _fast_down(
         return
     pair, valid, rn = block_pairs(pairs_ptr, num_pairs, BM, BN)
     h_ptrs = h_ptr + pair[None, :] * s_hp + tl.arange(0, 32)[:, None]
-    h_ok = valid[None, :]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     k_lo, k_hi = k_range(K, K_SPLIT, SPLIT)
     if SPLIT:
         y_ptr += tl.program_id(2) * s_ys
-    w_row = (expert * rows_e).to(tl.int32) + tl.program_id(1) * BN
-    nhl, nhh = _x_ahead(h_ptrs, h_ok, k_lo, K, PREFETCH)
-    for kc in range(k_lo, k_hi, 64):
-        row = w_row + (kc // 64) * rows_c
-        acc, _, nhl, nhh = _k_step(acc, acc, nhl, nhh, h_ptrs, h_ok, pair, num_pairs, kc, k_hi, K,
-                                   w_desc, s_desc, row, 0, INTERPRET, PREFETCH, False, BN)
+    c0 = (expert * chunks).to(tl.int32)
+    row = tl.program_id(1) * BN
+    h_next = _x_ahead(h_ptrs, valid, k_lo, k_hi, PREFETCH, CPI)
+    for kc in range(k_lo, k_hi, 64 * CPI):
+        acc, _, h_next = _k_step(acc, acc, h_next, h_ptrs, valid, kc, k_hi, w_desc, s_desc, c0 + kc // 64, row,
+                                 0, INTERPRET, PREFETCH, False, BN, CPI)
     rw = tl.load(route_w_ptr + pair, mask=valid, other=0.0)
     acc = acc * rw[None, :]
     tl.store(y_ptr + pair[None, :] * s_yp + rn[:, None], acc, mask=(rn < N)[:, None] & valid[None, :])
 
 
-def _descriptors(experts: FastExperts, block_n: int) -> tuple[TensorDescriptor, ...]:
-    """Tensor descriptors of the layout's four stacks: words as [rows, 8] int32 (a tile is block_n rows of
-    one chunk) and scales as [rows / 8, 16] bytes (a tile's block_n pairs are block_n / 8 such rows)."""
-    if block_n % 8 or experts.inter % 8 or experts.hidden % 8:
-        raise ValueError(f"descriptor loads need block_n, inter and hidden divisible by 8; got {block_n}, "
-                         f"{experts.inter}, {experts.hidden}")
-    out = []
-    for w, s in ((experts.w13, experts.s13), (experts.w2, experts.s2)):
-        out.append(TensorDescriptor.from_tensor(w.view(torch.int32).view(-1, 8), [block_n, 8]))
-        out.append(TensorDescriptor.from_tensor(s.view(-1, 16), [block_n // 8, 16]))
-    return tuple(out)
+def _descriptors(w: torch.Tensor, s: torch.Tensor, block_n: int, cpi: int) -> tuple[TensorDescriptor, ...]:
+    """Tensor descriptors of one GEMM's stacks, as [E * chunks, rows, ...] so that one copy brings cpi
+    consecutive chunks of a tile: words [E * chunks, rows, 8] int32 (box cpi x block_n x 8) and scales
+    [E * chunks, rows / 8, 16] bytes (box cpi x block_n / 8 x 16). A box that runs past an expert's last
+    chunk reads the next expert's first (or zeros past the stack), which the zero activations there cancel."""
+    e, chunks, rows = w.shape[:3]
+    return (TensorDescriptor.from_tensor(w.view(torch.int32).view(e * chunks, rows, 8), [cpi, block_n, 8]),
+            TensorDescriptor.from_tensor(s.view(e * chunks, rows // 8, 16), [cpi, block_n // 8, 16]))
 
 
 def fused_moe_fast(
@@ -286,14 +319,19 @@ def fused_moe_fast(
     check_split(split_k, down_split_k)
     num_experts = experts.w13.shape[0]
     cfg = config or fast_tiles(topk_ids.numel(), num_experts)
-    w13, s13, w2, s2 = _descriptors(experts, cfg.block_n)
-    meta = {"INTERPRET": interpreting(), "PREFETCH": cfg.prefetch, "num_warps": cfg.num_warps,
-            "num_stages": cfg.num_stages}
+    if cfg.block_n % 8 or inter % 8 or hidden % 8:  # a tile's scales (and the up rows') start on a 16-byte row
+        raise ValueError(f"descriptor loads need block_n, inter and hidden divisible by 8; got {cfg.block_n}, "
+                         f"{inter}, {hidden}")
+    c13, c2 = cfg.step_chunks()
+    w13, s13 = _descriptors(experts.w13, experts.s13, cfg.block_n, c13)
+    w2, s2 = _descriptors(experts.w2, experts.s2, cfg.block_n, c2)
 
-    def gemm(kernel, descriptors, words):  # strides: rows of the [rows, 8] word view per expert / per chunk
-        return MoeGemm(kernel, descriptors, (words.stride(0) // 32, words.stride(1) // 32), cfg.block_n, CHUNK, meta)
+    def gemm(kernel, descriptors, words, cpi):  # K slices hold whole steps of cpi chunks
+        meta = {"INTERPRET": interpreting(), "PREFETCH": cfg.prefetch, "CPI": cpi, "num_warps": cfg.num_warps,
+                "num_stages": cfg.num_stages}
+        return MoeGemm(kernel, descriptors, (words.shape[1],), cfg.block_n, CHUNK * cpi, meta)
 
     return run_moe(x, topk_ids, topk_weights, num_experts=num_experts, hidden=hidden, inter=inter,
                    block_m=cfg.block_m, splits=lambda _blocks: (split_k, down_split_k or split_k), a4w4=a4w4,
-                   x_quantized=x_quantized, add=add, gate_up=gemm(_fast_gate_up, (w13, s13), experts.w13),
-                   down=gemm(_fast_down, (w2, s2), experts.w2))
+                   x_quantized=x_quantized, add=add, gate_up=gemm(_fast_gate_up, (w13, s13), experts.w13, c13),
+                   down=gemm(_fast_down, (w2, s2), experts.w2, c2))

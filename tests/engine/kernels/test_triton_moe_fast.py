@@ -110,8 +110,11 @@ configs = {"auto": None,
            "bn32": FastTiles(16, 32, 4, 3, prefetch=False),
            "bn32_prefetch": FastTiles(16, 32, 4, 3, prefetch=True),
            "bm32": FastTiles(32, 64, 4, 3, prefetch=False),
-           "bm32_prefetch": FastTiles(32, 64, 4, 3, prefetch=True)}
+           "bm32_prefetch": FastTiles(32, 64, 4, 3, prefetch=True),
+           "chunks2": FastTiles(16, 32, 4, 3, prefetch=True, chunks=2),
+           "chunks4": FastTiles(16, 64, 4, 3, prefetch=False, chunks=4)}
 cases = []
+chunk_steps = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
 shapes = [(12, 128, 64, 3, 3, None, (1, None)), (12, 256, 128, 3, 12, None, (1, None)),
           (8, 96, 32, 2, 20, 3, (1, None)), (10, 256, 192, 3, 4, None, (3, 2)), (10, 256, 192, 3, 4, None, (1, 2)),
@@ -136,6 +139,13 @@ for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
         cases.append({"case": [E, H, L, k, T, sp1, sp2, str(dtype), a4w4, name],
                       "dtype_ok": got.dtype == dtype and list(got.shape) == [T, H],
                       "worst": float((err / tol).max()), "scale": float(ref.abs().max())})
+    if si in (2, 3):  # K padded past the last step (H=96, L=32), and K slices that the same chunks fill
+        # whichever the step (2 chunks: 256 -> 128 + 128, 192 -> 128 + 64); several chunks a step = one
+        one = fused_moe_fast(x, ids, wts, fast, config=configs["bn32_prefetch"], split_k=sp1, down_split_k=sp2)
+        for n, pf in ((2, False), (4, True))[: 2 if si == 2 else 1]:
+            cfg = FastTiles(16, 32, 4, 3, prefetch=pf, chunks=n)
+            many = fused_moe_fast(x, ids, wts, fast, config=cfg, split_k=sp1, down_split_k=sp2)
+            chunk_steps.append({"case": [E, H, L, sp1, sp2, n], "equal": bool(torch.equal(many, one))})
 
 # the backend: "fast" against the checkpoint-layout kernel; scales too large for the layout fall back
 backend = []
@@ -161,7 +171,8 @@ try:
     refused = ""
 except BackendError as exc:
     refused = str(exc)
-print("RESULT" + json.dumps({"decode_ok": decode_ok, "cases": cases, "backend": backend, "refused": refused}))
+print("RESULT" + json.dumps({"decode_ok": decode_ok, "cases": cases, "chunk_steps": chunk_steps, "backend": backend,
+                            "refused": refused}))
 """
 
 
@@ -177,11 +188,21 @@ def test_kernel_decode_matches_ocp_table(interpreted):
 def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 6 * 4
-    assert {c["case"][-1] for c in cases} == {"auto", "bn32", "bn32_prefetch", "bm32", "bm32_prefetch"}
+    assert {c["case"][-1] for c in cases} == {"auto", "bn32", "bn32_prefetch", "bm32", "bm32_prefetch", "chunks2",
+                                              "chunks4"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
         assert c["scale"] > 0.1, c  # the outputs are not trivially zero
+
+
+def test_several_chunks_a_step_give_the_one_chunk_sums(interpreted):
+    """Two or four 64-wide chunks per K step (one copy each for words and scales) add the same terms in the
+    same order as one chunk a step, also where a step reaches past K or past its K slice. (Where the step
+    changes how K is sliced, the float32 partials are added in another order, as with any other split.)"""
+    steps = interpreted["chunk_steps"]
+    assert len(steps) == 3 and {tuple(c["case"][:5]) for c in steps} == {(8, 96, 32, 1, None), (10, 256, 192, 3, 2)}
+    assert all(c["equal"] for c in steps), steps
 
 
 def test_backend_fast_variant_and_fallback(interpreted):
@@ -192,7 +213,7 @@ def test_backend_fast_variant_and_fallback(interpreted):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["auto", "split", "no_prefetch", "warps8", "rows256", "prefill"])
+@pytest.mark.parametrize("config", ["auto", "split", "no_prefetch", "warps8", "rows256", "prefill", "chunks2"])
 def test_fast_moe_on_cuda_without_host_sync(config):
     """On a GPU: the PTX word decode against the OCP table, real-width H against float64, no host sync,
     and a CUDA-graph replay equal to the eager call."""
@@ -226,7 +247,9 @@ def test_fast_moe_on_cuda_without_host_sync(config):
           "no_prefetch": {"config": FastTiles(16, 128, 4, 3, prefetch=False)},
           "warps8": {"config": FastTiles(16, 128, 8, 4, prefetch=True), "split_k": 2},
           "rows256": {"config": FastTiles(16, 256, 4, 3, prefetch=True), "down_split_k": 2},
-          "prefill": {"config": FastTiles(64, 128, 8, 4, prefetch=False)}}[config]
+          "prefill": {"config": FastTiles(64, 128, 8, 4, prefetch=False)},
+          "chunks2": {"config": FastTiles(16, 128, 4, 3, prefetch=True, chunks=2), "split_k": 4,
+                      "down_split_k": 2}}[config]
     fused_moe_fast(*dev, fast, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     try:
