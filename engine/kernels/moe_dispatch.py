@@ -57,6 +57,9 @@ def moe_kernel(device: torch.device) -> str:
     return "fast" if device.type == "cuda" and not torch.version.hip and not native_fp4(device) else "dot_scaled"
 
 
+STEP_CHUNKS = (1, 2)  # chunks per K step the fast kernels take (four measured slower everywhere, FAST_TILES)
+
+
 @dataclass(frozen=True)
 class FastTiles:
     """Tiles of one `fused_moe_fast` call: block_m pairs per block (the MMA's narrow side), block_n weight
@@ -72,6 +75,11 @@ class FastTiles:
     prefetch: bool
     chunks: int = 1
     down_chunks: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, n in (("chunks", self.chunks), ("down_chunks", self.down_chunks)):
+            if n is not None and n not in STEP_CHUNKS:
+                raise ValueError(f"{name} must be one of {STEP_CHUNKS}, got {n}")
 
     def step_chunks(self) -> tuple[int, int]:
         """Chunks per K step of (gate/up, down)."""

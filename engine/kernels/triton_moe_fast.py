@@ -128,24 +128,15 @@ def word_scales(s_lo, s_hi, BN: tl.constexpr):
 
 
 @triton.jit
-def _half_last(u, BIT: tl.constexpr):
-    """u [A, B, 2n] -> the [A, B, n] of last-dimension indices with low bit BIT (split only, no data move)."""
-    lo, hi = tl.split(tl.reshape(u, (u.shape[0], u.shape[1], u.shape[2] // 2, 2)))
-    return hi if BIT else lo
-
-
-@triton.jit
 def _piece(t, IDX: tl.constexpr, N: tl.constexpr):
-    """t[IDX] of a [N, A, B] tensor (N = 1, 2, 4 or 8) as [A, B], by permute / reshape / split only, which
-    Triton maps onto registers the thread already holds."""
-    u = tl.permute(t, (1, 2, 0))
-    if N >= 2:
-        u = _half_last(u, IDX % 2)
-    if N >= 4:
-        u = _half_last(u, (IDX // 2) % 2)
-    if N >= 8:
-        u = _half_last(u, (IDX // 4) % 2)
-    return tl.reshape(u, (u.shape[0], u.shape[1]))
+    """t[IDX] of a [N, A, B] tensor (N = 1 or 2) as [A, B], by permute / reshape / split only, which Triton
+    maps onto registers the thread already holds."""
+    if N == 1:
+        out = tl.reshape(t, (t.shape[1], t.shape[2]))
+    else:
+        lo, hi = tl.split(tl.permute(t, (1, 2, 0)))
+        out = hi if IDX else lo
+    return out
 
 
 @triton.jit

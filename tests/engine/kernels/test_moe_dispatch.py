@@ -27,6 +27,15 @@ def test_fast_tiles_by_pairs_per_expert():
     assert {t.block_n for t in md.FAST_TILES.values()} == {128}
     assert (decode.block_m, batched.block_m, prefill.block_m) == (16, 32, 64)
     assert md.fast_tiles(3, 1) == decode  # the dense MLP as one expert: 3 rows
+    # chunks per K step (gate/up, down): down two everywhere; gate/up one at decode sizes, two at prefill
+    assert (decode.step_chunks(), batched.step_chunks(), prefill.step_chunks()) == ((1, 2), (1, 2), (2, 2))
+
+
+def test_fast_tiles_refuse_steps_the_kernels_do_not_take():
+    assert md.FastTiles(16, 128, 4, 3, True, chunks=2).step_chunks() == (2, 2)  # down follows gate/up by default
+    for bad in ({"chunks": 4}, {"chunks": 0}, {"down_chunks": 3}):
+        with pytest.raises(ValueError, match="chunks must be one of"):
+            md.FastTiles(16, 128, 4, 3, True, **bad)
 
 
 def test_scaled_tiles_by_pairs():

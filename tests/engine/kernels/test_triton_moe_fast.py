@@ -112,7 +112,7 @@ configs = {"auto": None,
            "bm32": FastTiles(32, 64, 4, 3, prefetch=False),
            "bm32_prefetch": FastTiles(32, 64, 4, 3, prefetch=True),
            "chunks2": FastTiles(16, 32, 4, 3, prefetch=True, chunks=2),
-           "chunks4": FastTiles(16, 64, 4, 3, prefetch=False, chunks=4)}
+           "down_chunks2": FastTiles(16, 64, 4, 3, prefetch=False, down_chunks=2)}
 cases = []
 chunk_steps = []
 # (E, H, L, k, T, skew, splits): H=96 / L=32 pad to whole 64-chunks; 20 pairs on one expert span blocks
@@ -142,10 +142,10 @@ for si, (E, H, L, k, T, skew, (sp1, sp2)) in enumerate(shapes):
     if si in (2, 3):  # K padded past the last step (H=96, L=32), and K slices that the same chunks fill
         # whichever the step (2 chunks: 256 -> 128 + 128, 192 -> 128 + 64); several chunks a step = one
         one = fused_moe_fast(x, ids, wts, fast, config=configs["bn32_prefetch"], split_k=sp1, down_split_k=sp2)
-        for n, pf in ((2, False), (4, True))[: 2 if si == 2 else 1]:
-            cfg = FastTiles(16, 32, 4, 3, prefetch=pf, chunks=n)
+        for pf in (False, True):
+            cfg = FastTiles(16, 32, 4, 3, prefetch=pf, chunks=2)
             many = fused_moe_fast(x, ids, wts, fast, config=cfg, split_k=sp1, down_split_k=sp2)
-            chunk_steps.append({"case": [E, H, L, sp1, sp2, n], "equal": bool(torch.equal(many, one))})
+            chunk_steps.append({"case": [E, H, L, sp1, sp2, pf], "equal": bool(torch.equal(many, one))})
 
 # the backend: "fast" against the checkpoint-layout kernel; scales too large for the layout fall back
 backend = []
@@ -189,7 +189,7 @@ def test_fast_moe_matches_float64_reference(interpreted):
     cases = interpreted["cases"]
     assert len(cases) == 6 * 4
     assert {c["case"][-1] for c in cases} == {"auto", "bn32", "bn32_prefetch", "bm32", "bm32_prefetch", "chunks2",
-                                              "chunks4"}
+                                              "down_chunks2"}
     for c in cases:
         assert c["dtype_ok"], c
         assert c["worst"] <= 1.0, c
@@ -197,11 +197,12 @@ def test_fast_moe_matches_float64_reference(interpreted):
 
 
 def test_several_chunks_a_step_give_the_one_chunk_sums(interpreted):
-    """Two or four 64-wide chunks per K step (one copy each for words and scales) add the same terms in the
-    same order as one chunk a step, also where a step reaches past K or past its K slice. (Where the step
-    changes how K is sliced, the float32 partials are added in another order, as with any other split.)"""
+    """Two 64-wide chunks per K step (one copy each for words and scales) add the same terms in the same
+    order as one chunk a step, also where a step reaches past K or past its K slice, with and without the
+    activation prefetch. (Where the step changes how K is sliced, the float32 partials are added in
+    another order, as with any other split.)"""
     steps = interpreted["chunk_steps"]
-    assert len(steps) == 3 and {tuple(c["case"][:5]) for c in steps} == {(8, 96, 32, 1, None), (10, 256, 192, 3, 2)}
+    assert len(steps) == 4 and {tuple(c["case"][:5]) for c in steps} == {(8, 96, 32, 1, None), (10, 256, 192, 3, 2)}
     assert all(c["equal"] for c in steps), steps
 
 
