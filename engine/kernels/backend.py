@@ -120,11 +120,6 @@ class KernelBackend(Protocol):
         A4W4 values."""
         ...
 
-    def router_scores(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The router's sigmoid scores float32 [T, E] = sigmoid(x . weight^T), computed in float32 (x [T, H]
-        in any float dtype, weight float32 [E, H])."""
-        ...
-
     def route_experts(
         self, scores: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int, topk_group: int,
         renormalize: bool, scale: float,

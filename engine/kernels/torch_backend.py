@@ -103,9 +103,6 @@ class TorchBackend:
         kv_cache.view(-1, kv_cache.shape[-1])[slot_mapping] = entry.to(kv_cache.dtype)
         return q_pe
 
-    def router_scores(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.float(), weight).sigmoid()
-
     def route_experts(
         self, scores: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int, topk_group: int,
         renormalize: bool, scale: float,

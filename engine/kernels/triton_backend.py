@@ -48,7 +48,7 @@ from k2bench.engine.kernels.triton_moe_fast import fused_moe_fast
 from k2bench.engine.kernels.triton_moe_glue import split_sizes
 from k2bench.engine.kernels.triton_norm import mla_rope_cache, rms_norm, swiglu
 from k2bench.engine.kernels.triton_quant import fake_quantize
-from k2bench.engine.kernels.triton_routing import route_experts, router_scores
+from k2bench.engine.kernels.triton_routing import route_experts
 from k2bench.engine.model.attn_meta import AttentionMetadata
 from k2bench.engine.model.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4
 
@@ -299,11 +299,6 @@ class TritonBackend(TorchBackend):
         if x.numel() >= DEQUANT_MIN_M * x.shape[-1] and not native_fp4(x.device):
             return dequant_linear(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
         return mxfp4_matmul(x, weight, weight_scale, a4w4=a4w4, x_quantized=x_quantized)
-
-    def router_scores(self, x, weight):
-        """At decode sizes one kernel over ~100 programs instead of cuBLAS's dozen-block float32 GEMM, a copy
-        and a sigmoid (triton_routing)."""
-        return router_scores(x, weight)
 
     def route_experts(self, scores, bias, *, top_k, n_group, topk_group, renormalize, scale):
         """One kernel (triton_routing) instead of the torch reference's dozen."""

@@ -8,15 +8,8 @@ its two best choices and only the topk_group best groups stay eligible; the k be
 are taken one at a time (highest first, the lowest index on a tie), their weights are the plain
 scores, renormalised to sum 1 if asked, times the routed scaling factor.
 
-At decode sizes the scores come from `router_scores`, one more kernel: sigmoid(x . W^T) in float32. torch
-runs that product as a float32 GEMM that cuBLAS gives a dozen thread blocks (384 experts in 32-wide
-tiles, K = 7168 unsplit), about 22 us on an H200 at 4 and at 128 tokens for 11 MB of router weights (one
-replicated router per MoE layer on every rank: 60 of them at full depth); the kernel spreads the experts
-over a hundred programs. Its float32 sums run in another order than cuBLAS's, so scores differ from the
-reference's in the last bits and a near-tie between two choices can pick differently. Past
-ROUTER_KERNEL_MAX_T tokens (prefill) the GEMM is compute-bound and torch keeps it; there the scores are
-bit-equal to the reference's and only a tie picks differently (torch.topk breaks ties in no documented
-order).
+The scores come in from torch (`sigmoid` there), so they are bit-equal to the reference's and only a
+tie between two choices can pick differently (torch.topk breaks ties in no documented order).
 """
 
 from __future__ import annotations
@@ -26,51 +19,6 @@ import triton
 import triton.language as tl
 
 ROWS = 4  # tokens per program
-ROUTER_EXPERTS = 4  # experts per router_scores program: 96 programs for 384 experts
-ROUTER_KERNEL_MAX_T = 128  # tokens up to which router_scores runs its kernel (above: torch's GEMM)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _router_scores(x_ptr, w_ptr, out_ptr, T, E, K, s_xt, s_we, s_ot, BT: tl.constexpr, BE: tl.constexpr,
-                   BK: tl.constexpr):
-    """out[t, e] = sigmoid(sum_k x[t, k] * w[e, k]) in float32 for BT tokens and BE experts: products of
-    [BT, BE, BK] tiles summed over k in registers, one fixed order (no atomics)."""
-    t = tl.program_id(1) * BT + tl.arange(0, BT)
-    e = tl.program_id(0) * BE + tl.arange(0, BE)
-    t_ok = t < T
-    e_ok = e < E
-    acc = tl.zeros((BT, BE), tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        k_ok = k < K
-        xk = tl.load(x_ptr + t[:, None].to(tl.int64) * s_xt + k[None, :], mask=t_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        wk = tl.load(w_ptr + e[:, None].to(tl.int64) * s_we + k[None, :], mask=e_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(xk[:, None, :] * wk[None, :, :], axis=2)
-    out = out_ptr + t[:, None].to(tl.int64) * s_ot + e[None, :]
-    tl.store(out, tl.sigmoid(acc), mask=t_ok[:, None] & e_ok[None, :])
-
-
-def router_scores(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """sigmoid(x . weight^T) in float32 [T, E] for x [T, H] (any float dtype) and the float32 router
-    weight [E, H]; torch's GEMM past ROUTER_KERNEL_MAX_T tokens."""
-    T, H = x.shape
-    E = weight.shape[0]
-    if weight.shape[1] != H:
-        raise ValueError(f"router: x [T, {H}] against a weight of {tuple(weight.shape)}")
-    if T > ROUTER_KERNEL_MAX_T:
-        return torch.nn.functional.linear(x.float(), weight.float()).sigmoid()
-    x = x.contiguous()
-    weight = weight.contiguous()
-    out = torch.empty(T, E, dtype=torch.float32, device=x.device)
-    if T:
-        bt = min(16, triton.next_power_of_2(T))
-        bk = max(32, 4096 // (bt * ROUTER_EXPERTS))  # a [bt, 4, bk] product tile: 32 values a thread
-        _router_scores[(triton.cdiv(E, ROUTER_EXPERTS), triton.cdiv(T, bt))](
-            x, weight, out, T, E, H, x.stride(0), weight.stride(0), out.stride(0), BT=bt, BE=ROUTER_EXPERTS, BK=bk,
-            num_warps=4)
-    return out
 
 
 @triton.jit(do_not_specialize=["T"])  # a token count: one compiled kernel for every batch

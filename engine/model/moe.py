@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from k2bench.engine.model.config import ModelConfig
@@ -103,7 +104,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (topk_weights float32 [T, k], topk_ids int64 [T, k])."""
         cfg = self.cfg
-        scores = self.par.backend.router_scores(x, self.weight)
+        scores = F.linear(x.float(), self.weight).sigmoid()
         return self.par.backend.route_experts(
             scores, self.e_score_correction_bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
             topk_group=cfg.topk_group, renormalize=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor,
