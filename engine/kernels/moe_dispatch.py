@@ -25,6 +25,9 @@ What was measured and deleted, each slower on every engine shape it was timed at
 - tokens on the MMA's wide side (unswapped): 1-2% slower than the same swapped tiles at 4 / 32 / 128 tokens
   and, at 8192, 29.7 ms at best (128x128, pointer loads; moe) against 22.9 for swapped tiles on descriptors
   (moe3 first call); the word layout's decode targets the swapped operand only;
+- four 64-wide chunks a K step in the fast family: 180 registers for the down kernel at 128 rows a
+  program (sm_90 ptxas); at 64 rows 0.318 / 1.631 / 3.224 ms at 4 / 32 / 128 tokens against 0.308 / 1.469 /
+  2.940 for one chunk a step at 128 rows (bench/results/2026-12-03_h200_session10, moe_chunks_first.json);
 - the explicit dequantisation before `tl.dot` in the checkpoint-layout family: 17-21% slower than
   `tl.dot_scaled` at 4 / 32 / 128 tokens with the default tiles (1.40 / 5.84 / 10.81 against 1.19 / 4.80 /
   8.90 ms, TP 1, bench/results/2026-11-30_h200_engine/kernel_tune.json), 28.9 against 24.8 ms at its best
