@@ -104,25 +104,31 @@ class DecodeGraphs:
         """Logits [n, vocab] of one pure-decode step of n <= the largest bucket sequences.
 
         Inputs on the host (the server's rank) are staged in pinned memory and uploaded in two copies;
-        inputs already on the device (tensor-parallel workers) are copied into the buffers there."""
+        inputs already on the device (tensor-parallel workers) are copied into the buffers there. Input ids
+        on the device beside host positions are the tokens a step launched ahead of reading them (the
+        previous step's samples): copied in after the upload, in stream order."""
         n = input_ids.numel()
         b = self.bucket(n)
-        if input_ids.device.type == "cpu":
-            self._stage(n, b, input_ids, positions, slot_mapping, context_lens, block_tables)
+        if positions.device.type == "cpu":
+            ahead = input_ids.device.type != "cpu"
+            self._stage(n, b, None if ahead else input_ids, positions, slot_mapping, context_lens, block_tables)
+            if ahead:
+                self.ids[:n].copy_(input_ids, non_blocking=True)
         else:
             self._copy_on_device(n, b, input_ids, positions, slot_mapping, context_lens, block_tables)
         self.graphs[b].replay()
         self.replays += 1
         return self.logits[b][:n]
 
-    def _stage(self, n: int, b: int, *inputs: torch.Tensor) -> None:
+    def _stage(self, n: int, b: int, *inputs: torch.Tensor | None) -> None:
         """Fill the pinned twins on the host (padding rows point at the scratch block), then upload them:
         per step a handful of host writes and two copies instead of ten copies and three fills on the GPU."""
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the previous upload has left the twins
         hs, ht = self._host_small, self._host_tables
         for row, t in enumerate(inputs[:4]):
-            hs[row, :n] = t
+            if t is not None:  # no ids: they are copied in on the device after the upload
+                hs[row, :n] = t
         hs[:, n:] = self._pad
         bt = inputs[4]
         ht[:n, : bt.shape[1]] = bt

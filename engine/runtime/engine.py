@@ -15,7 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from k2bench.engine.runtime.runner import ModelRunner
+import torch
+
+from k2bench.engine.runtime.runner import ModelRunner, SampledTokens
 from k2bench.engine.runtime.sampling import sample
 from k2bench.engine.runtime.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from k2bench.engine.runtime.sequence import Sequence
@@ -28,12 +30,30 @@ class RanksOutOfStep(RuntimeError):
 
 
 @dataclass
+class _Launched:
+    """A step on its way: launched on the device, its tokens not yet read."""
+    sched: SchedulerOutput
+    logits: torch.Tensor | None
+    tokens: SampledTokens | None  # None: sampling the batch failed, to be retried row by row
+
+    def ahead_ids(self, nxt: SchedulerOutput) -> torch.Tensor:
+        """The input ids of `nxt` (scheduled ahead of this step) from this step's samples on the device."""
+        dev = self.tokens.device
+        row = {id(s.seq): i for i, s in enumerate(s for s in self.sched.seqs if s.samples)}
+        idx = [row[id(s.seq)] for s in nxt.seqs]
+        if idx == list(range(dev.numel())):
+            return dev
+        return dev.index_select(0, torch.tensor(idx, dtype=torch.int64).to(dev.device, non_blocking=True))
+
+
+@dataclass
 class EngineStats:
     prompt_tokens: int = 0  # prompt tokens of requests that were admitted at least once (prefix-cache queries)
     prefix_cache_hits: int = 0  # of those, tokens found in the prefix cache at first admission
     computed_tokens: int = 0  # tokens the model ran (prefill, recompute and decode)
     generation_tokens: int = 0
     steps: int = 0
+    steps_ahead: int = 0  # of those, launched before the step before them was read (`LLMEngine.overlaps`)
     requests_finished: int = 0
     requests_aborted: int = 0
     step_seconds: float = 0.0
@@ -47,6 +67,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.idle_step = False  # the last step found nothing it could schedule
         self.failed: list[tuple[Sequence, str]] = []  # the last step's aborted requests and why
+        self._ahead: _Launched | None = None  # the step launched before the last one was read
 
     @property
     def config(self):
@@ -89,13 +110,25 @@ class LLMEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._ahead is not None
+
+    @property
+    def overlaps(self) -> bool:
+        """Steps are launched one ahead (`RuntimeConfig.async_scheduling`); never under tensor parallelism,
+        whose workers take their inputs from rank 0's host."""
+        return self.config.async_scheduling and self.comm is None
 
     def step(self, on_launch: Callable[[], None] | None = None) -> list[Sequence]:
         """Run one batch; return the sequences that got a token (check `is_finished`).
 
         `on_launch` runs once the batch is on its way (queued on the GPU: CUDA kernels and graph replays
         return before they finish), while the step waits for its tokens.
+
+        With `overlaps`, the next step is launched before this one's tokens are read, whenever it can be
+        known without them (`Scheduler.schedule_ahead`: the next decode of the same sequences), taking its
+        input ids from this step's samples on the device. Its host work (scheduling, inputs, launch) then
+        runs while the device computes, and the device goes from one step to the next without waiting for
+        the host. That step is returned by the next call.
 
         A failure is contained to the requests it concerns: those end in `self.failed` (aborted, with the
         reason) and the engine keeps serving. Building the inputs and sampling happen on rank 0 alone, so a
@@ -104,22 +137,52 @@ class LLMEngine:
         `RanksOutOfStep`: the workers may be waiting in a collective rank 0 never joined."""
         self.failed = []
         t0 = time.monotonic()
-        sched = self.scheduler.schedule(t0)
-        for seq in sched.preempted:
-            self.runner.release(seq)
-        self.idle_step = sched.empty
-        if sched.empty:
-            return []
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            sched = self.scheduler.schedule(t0)
+            for seq in sched.preempted:
+                self.runner.release(seq)
+            self.idle_step = sched.empty
+            if sched.empty:
+                return []
+            for seq in sched.admitted:
+                self.stats.prompt_tokens += seq.num_prompt_tokens
+                self.stats.prefix_cache_hits += seq.num_cached_tokens or 0
+            cur = self._launch(sched)
+            if cur is None:
+                return []
+        self.idle_step = False
+        if self.overlaps and cur.tokens is not None and cur.tokens.device is not None:
+            nxt = self.scheduler.schedule_ahead(cur.sched)
+            if nxt is not None:
+                self._ahead = self._launch(nxt, cur.ahead_ids(nxt))
+                self.stats.steps_ahead += self._ahead is not None
+        if on_launch is not None:
+            on_launch()
+        sched, tokens = self._read(cur)
+        updated = self.scheduler.postprocess(sched, tokens)
+        for seq in updated:
+            if seq.is_finished:
+                self.runner.release(seq)
+                self.stats.requests_finished += 1
+        dt = time.monotonic() - t0
+        if sched.num_prefill_tokens:
+            self.scheduler.last_prefill_latency = dt
         st = self.stats
-        for seq in sched.admitted:
-            st.prompt_tokens += seq.num_prompt_tokens
-            st.prefix_cache_hits += seq.num_cached_tokens or 0
+        st.steps += 1
+        st.step_seconds += dt
+        st.computed_tokens += sched.num_tokens
+        st.generation_tokens += len(updated)
+        return updated
+
+    def _launch(self, sched: SchedulerOutput, input_ids=None) -> _Launched | None:
+        """Build the inputs, run the model and start sampling; None when that failed (requests aborted)."""
         try:
-            inp = self.runner.prepare(sched)
+            inp = self.runner.prepare(sched, input_ids)
         except Exception as exc:
             log.exception("building a step's inputs failed; its requests are aborted")
             self._fail([s.seq for s in sched.seqs], exc)
-            return []
+            return None
         if self.comm is not None:
             self.comm.broadcast_step(inp)
         try:
@@ -129,31 +192,20 @@ class LLMEngine:
                 raise RanksOutOfStep(f"the forward pass failed on rank 0: {exc}") from exc
             log.exception("a forward pass failed; its requests are aborted")
             self._fail([s.seq for s in sched.seqs], exc)
-            return []
-        if on_launch is not None:
-            on_launch()
-        sched, tokens = self._sample(logits, sched)
-        updated = self.scheduler.postprocess(sched, tokens)
-        for seq in updated:
-            if seq.is_finished:
-                self.runner.release(seq)
-                self.stats.requests_finished += 1
-        dt = time.monotonic() - t0
-        if sched.num_prefill_tokens:
-            self.scheduler.last_prefill_latency = dt
-        st.steps += 1
-        st.step_seconds += dt
-        st.computed_tokens += sched.num_tokens
-        st.generation_tokens += len(updated)
-        return updated
-
-    def _sample(self, logits, sched: SchedulerOutput) -> tuple[SchedulerOutput, list[int]]:
-        """The batch's tokens; if the batch fails, row by row, and the rows that still fail are aborted
-        and dropped from the step (their KV writes are simply never read)."""
+            return None
         try:
-            return sched, self.runner.sample(logits, sched)
+            tokens = self.runner.sample_launch(logits, sched)
         except Exception:
             log.exception("sampling a batch failed; retrying row by row")
+            tokens = None
+        return _Launched(sched, logits, tokens)
+
+    def _read(self, cur: _Launched) -> tuple[SchedulerOutput, list[int]]:
+        """The launched step's tokens; if its batch could not be sampled, row by row, and the rows that
+        still fail are aborted and dropped from the step (their KV writes are simply never read)."""
+        sched, logits = cur.sched, cur.logits
+        if cur.tokens is not None:
+            return sched, self.runner.wait_tokens(cur.tokens)
         keep: list[ScheduledSeq] = []
         tokens: list[int] = []
         row = 0

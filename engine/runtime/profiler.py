@@ -40,7 +40,8 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "engine.schedule": ("scheduler", "schedule"),
     "engine.prepare": ("runner", "prepare"),
     "engine.forward": ("runner", "execute"),
-    "engine.sample": ("runner", "sample"),
+    "engine.sample": ("runner", "sample_launch"),
+    "engine.read": ("runner", "wait_tokens"),  # waits for the device: the step's tokens come back to the host
     "engine.postprocess": ("scheduler", "postprocess"),
 }
 SLOW_ENV = "K2BENCH_TEST_SLOW"

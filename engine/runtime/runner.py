@@ -15,7 +15,7 @@ import torch
 
 from k2bench.engine.model.attn_meta import AttentionMetadata
 from k2bench.engine.runtime.block_manager import blocks_for
-from k2bench.engine.runtime.sampling import sample
+from k2bench.engine.runtime.sampling import sample_tensor
 from k2bench.engine.runtime.scheduler import SchedulerOutput
 from k2bench.engine.runtime.sequence import Sequence
 
@@ -51,6 +51,15 @@ class StepInputs:
         t, b, mb, n = (int(x) for x in header.tolist())
         parts = torch.split(body, [t, t, b + 1, b, t, b * mb, n])
         return cls(parts[0], parts[1], parts[2], parts[3], parts[4], parts[5].view(b, mb), parts[6])
+
+
+@dataclass
+class SampledTokens:
+    """A step's sampled tokens, launched and not yet read: `device` holds them where the model runs (the
+    next step's input ids can be taken from there), `host` is the copy on its way back, done at `ready`."""
+    device: torch.Tensor | None  # [n] int64; None when no row samples
+    host: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
 
 
 def kv_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -117,10 +126,13 @@ class ModelRunner:
             self._synced[seq.seq_id] = len(table)
         return row
 
-    def prepare(self, sched: SchedulerOutput) -> StepInputs:
+    def prepare(self, sched: SchedulerOutput, input_ids: torch.Tensor | None = None) -> StepInputs:
         """The step's input tensors, built from Python lists in one `torch.tensor` call (split into views):
         each call costs microseconds of host time per step, which a decode step at low concurrency does
-        not hide behind the device."""
+        not hide behind the device.
+
+        `input_ids` (on the model's device) are the tokens of a decode step scheduled before the step
+        that samples them has been read (`Scheduler.schedule_ahead`): one per sequence, in batch order."""
         ids: list[int] = []
         starts: list[int] = []
         cu: list[int] = [0]
@@ -131,7 +143,9 @@ class ModelRunner:
         max_ctx = 0
         for s in sched.seqs:
             seq, n, start = s.seq, s.num_new, s.start
-            if n == 1:
+            if input_ids is not None:
+                ids.append(0)  # a placeholder: the token is still on the device
+            elif n == 1:
                 ids.append(seq.token_ids[start])
             else:
                 ids.extend(seq.token_ids[start : start + n])
@@ -158,6 +172,11 @@ class ModelRunner:
             seq_idx = torch.repeat_interleave(torch.arange(len(starts)), lens_t)
             positions = torch.arange(total, dtype=torch.int64) - cu_t[:-1][seq_idx] + starts_t[seq_idx]
             slots_t = bt[seq_idx, positions // bs] * bs + positions % bs
+        if input_ids is not None:
+            if not decode or input_ids.numel() != len(starts):
+                raise ValueError(f"device input ids are for decode steps: {input_ids.numel()} ids, {len(starts)} "
+                                 f"sequences, {total} tokens")
+            ids_t = input_ids
         return StepInputs(
             input_ids=ids_t,
             positions=positions,
@@ -199,11 +218,30 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inp.sample_idx])
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor | None, sched: SchedulerOutput) -> list[int]:
+    def sample_launch(self, logits: torch.Tensor | None, sched: SchedulerOutput) -> SampledTokens:
+        """Sample the step's rows on the device and start their copy to the host, without waiting for it."""
         seqs = [s.seq for s in sched.seqs if s.samples]
-        if logits is None:
+        if logits is None or not seqs:
+            return SampledTokens(None)
+        toks = sample_tensor(logits, seqs)
+        if toks.device.type != "cuda":
+            return SampledTokens(toks, toks)
+        host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+        host.copy_(toks, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return SampledTokens(toks, host, ready)
+
+    def wait_tokens(self, sampled: SampledTokens) -> list[int]:
+        """The sampled tokens as Python ints, once their copy has arrived."""
+        if sampled.host is None:
             return []
-        return sample(logits, seqs)
+        if sampled.ready is not None:
+            sampled.ready.synchronize()
+        return sampled.host.tolist()
+
+    def sample(self, logits: torch.Tensor | None, sched: SchedulerOutput) -> list[int]:
+        return self.wait_tokens(self.sample_launch(logits, sched))
 
 
 # the KV dtype as a number, for rank 0 to send to the TP workers (build.py sends, distributed.py receives)

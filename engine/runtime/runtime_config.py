@@ -29,6 +29,9 @@ class RuntimeConfig:
     enable_prefix_caching: bool = False
     kv_watermark: float = 0.01  # fraction of blocks kept free when admitting new (not preempted) requests
     cuda_graphs: bool = True  # replay captured decode steps on CUDA with the triton backend (--enforce-eager: off)
+    # launch a decode step before the previous one's tokens are read, so host work overlaps the device's
+    # (LLMEngine.step; off under tensor parallelism)
+    async_scheduling: bool = True
     all_reduce: str = "auto"  # TP sum: one-shot over symmetric memory up to one_shot_max_bytes where it works, else NCCL
     one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES  # largest tensor the one-shot all-reduce takes (its buffer size)
 

@@ -51,22 +51,27 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return out.log_softmax(-1)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """One token per row of `logits` [n, vocab] for the matching sequence."""
-    if not seqs:
-        return []
+def sample_tensor(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """One token per row of `logits` [n, vocab] for the matching sequence, as an int64 tensor on the logits'
+    device: nothing here waits for the device, so the step after can be launched before these are read."""
     greedy = [s.params.greedy for s in seqs]
+    out = logits.argmax(-1)
     if all(greedy):
-        return logits.argmax(-1).tolist()
+        return out
     rows = [i for i, g in enumerate(greedy) if not g]
     sub = [seqs[i] for i in rows]
     logp = filter_logits(logits[rows], [s.params for s in sub])
     q = _noise(sub, tuple(logp.shape), logits.device)
     # argmax p/q == argmax (log p - log q); -inf rows stay out.
-    picked = (logp - q.log()).argmax(-1).tolist()
+    picked = (logp - q.log()).argmax(-1)
     if len(rows) == len(seqs):
         return picked
-    out = logits.argmax(-1).tolist()
-    for i, tok in zip(rows, picked, strict=True):
-        out[i] = tok
+    out[torch.tensor(rows, device=logits.device)] = picked
     return out
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """One token per row of `logits` [n, vocab] for the matching sequence."""
+    if not seqs:
+        return []
+    return sample_tensor(logits, seqs).tolist()

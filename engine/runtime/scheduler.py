@@ -27,11 +27,12 @@ class ScheduledSeq:
     seq: Sequence
     num_new: int  # tokens fed this step: token_ids[start : start + num_new]
     start: int  # num_computed before this step
+    ahead: bool = False  # a decode scheduled before the previous step's token was read (`schedule_ahead`)
 
     @property
     def samples(self) -> bool:
         """The step reaches the end of the known tokens, so it yields the next one."""
-        return self.start + self.num_new == self.seq.num_tokens
+        return self.ahead or self.start + self.num_new == self.seq.num_tokens
 
     @property
     def is_prefill(self) -> bool:
@@ -143,6 +144,37 @@ class Scheduler:
         prefill = sum(s.num_new for s in out if s.is_prefill)
         return SchedulerOutput(out, num_tokens, prefill, preempted, admitted)
 
+    def schedule_ahead(self, prev: SchedulerOutput) -> SchedulerOutput | None:
+        """The step after `prev`, scheduled while `prev` still runs and its tokens are unknown; or None when
+        that step could be anything but what `schedule` would give once they are known.
+
+        It is the next decode of every running sequence, in the running order, when each of them sampled
+        in `prev` and no waiting request could be admitted. A sequence that `prev`'s token will end by
+        length is left out; one that its token ends otherwise (EOS, a stop token, an abort) is computed
+        and its row dropped when the step is read (`postprocess` skips finished sequences), as its KV slot
+        lies in a block no other sequence can find. Blocks for the new token are taken here, so a step
+        that would need a preemption is not scheduled ahead."""
+        if self.waiting and len(self.running) < self.config.max_num_seqs:
+            return None  # admission may happen: `schedule` decides once `prev` is read
+        after = {id(s.seq): s.start + s.num_new for s in prev.seqs if s.samples}
+        if len(after) != len(prev.seqs) or any(id(seq) not in after for seq in self.running):
+            return None  # a chunk still prefilling, or a running sequence left out of `prev` by the budget
+        max_len = self.config.max_model_len
+        nxt: list[ScheduledSeq] = []
+        for seq in self.running:
+            start = after[id(seq)]
+            if seq.num_output_tokens + 1 >= seq.params.max_tokens or start + 1 >= max_len:
+                continue  # `prev`'s token is its last
+            nxt.append(ScheduledSeq(seq, 1, start, ahead=True))
+        if not nxt or len(nxt) > self.config.max_num_batched_tokens:
+            return None
+        need = sum(self.blocks.extra_blocks(s.seq, s.start + 1) for s in nxt)
+        if need > self.blocks.num_free:
+            return None  # `schedule` preempts
+        for s in nxt:
+            self.blocks.grow(s.seq, s.start + 1)
+        return SchedulerOutput(nxt, len(nxt), 0, [])
+
     def _admission_allowed(self, now: float) -> bool:
         factor = self.config.scheduler_delay_factor
         if factor <= 0 or not self.running:
@@ -169,6 +201,10 @@ class Scheduler:
         max_len = self.config.max_model_len
         for s in out.seqs:
             seq = s.seq
+            if seq.is_finished:  # ended (stop token, abort) while this step ran ahead of reading its input
+                if s.samples:
+                    k += 1
+                continue
             seq.num_computed = s.start + s.num_new
             self.blocks.commit(seq)
             if not s.samples:

@@ -64,6 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False, default=None,
                    help="never replay CUDA graphs of decode steps (default: on CUDA with the triton backend "
                         "they are captured at start-up for batch sizes up to --max-num-seqs)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch the next decode step before this one's tokens are read, so that scheduling and "
+                        "input building run while the device computes (default "
+                        f"{'on' if rt.async_scheduling else 'off'}; off under --tp > 1)")
     g.add_argument("--all-reduce", default=None, choices=ALL_REDUCE_MODES,
                    help="tensor-parallel sum: auto (one-shot over CUDA symmetric memory for tensors up to "
                         "--one-shot-max-bytes, NCCL above; NCCL alone, with one log line, where one-shot cannot "

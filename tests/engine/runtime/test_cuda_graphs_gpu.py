@@ -1,8 +1,9 @@
 """Decode CUDA graphs: replayed steps give the eager engine's tokens (GPU), and the switch is plumbed (CPU).
 
 The GPU test runs the whole runtime (scheduler, chunked prefill, batching that grows and shrinks
-through several graph buckets) twice on the tiny MXFP4 model in float32 with the triton backend,
-once eager and once with graphs, and needs identical greedy tokens and graph replays actually used;
+through several graph buckets) on the tiny MXFP4 model in float32 with the triton backend, eager and
+with graphs, each with and without steps launched ahead of reading the last one's tokens, and needs
+identical greedy tokens and graph replays actually used;
 a second runs prompts sharing prefixes with prefix caching on and off under graphs.
 """
 
@@ -16,13 +17,13 @@ pytestmark = pytest.mark.engine
 LENGTHS = [5, 17, 64, 300, 2, 40, 9]
 
 
-def _generate(model_dir, *, graphs: bool, device: str, backend: str):
+def _generate(model_dir, *, graphs: bool, device: str, backend: str, overlap: bool = True):
     from k2bench.engine.runtime.build import EngineOptions, build_engine
     from k2bench.engine.runtime.runtime_config import RuntimeConfig
     from k2bench.engine.runtime.sequence import SamplingParams, Sequence
 
     rt = RuntimeConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=1024, block_size=16,
-                       num_kv_blocks=256, cuda_graphs=graphs)
+                       num_kv_blocks=256, cuda_graphs=graphs, async_scheduling=overlap)
     eng = build_engine(EngineOptions(model=str(model_dir), device=device, dtype="float32", backend=backend, runtime=rt))
     g = torch.Generator().manual_seed(7)
     # different output lengths, so the decode batch shrinks through the buckets as requests finish
@@ -30,6 +31,7 @@ def _generate(model_dir, *, graphs: bool, device: str, backend: str):
                      SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True))
             for i, n in enumerate(LENGTHS)]
     eng.generate(seqs)
+    assert (eng.stats.steps_ahead > 10) == overlap, eng.stats
     return [s.output_token_ids for s in seqs], eng.runner.graphs
 
 
@@ -40,11 +42,17 @@ def test_graph_replay_matches_eager(tmp_path):
     from k2bench.engine.model.tiny import write_tiny_checkpoint
 
     d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=11)
-    eager, none = _generate(d, graphs=False, device="cuda", backend="triton")
-    replayed, graphs = _generate(d, graphs=True, device="cuda", backend="triton")
+    eager, none = _generate(d, graphs=False, device="cuda", backend="triton", overlap=False)
+    replayed, graphs = _generate(d, graphs=True, device="cuda", backend="triton", overlap=False)
     assert none is None and graphs is not None
     assert graphs.replays > 10
     assert replayed == eager
+    # steps launched ahead take their input ids from the previous step's samples on the device
+    ahead_replayed, graphs = _generate(d, graphs=True, device="cuda", backend="triton")
+    assert graphs.replays > 10
+    assert ahead_replayed == eager
+    ahead_eager, _ = _generate(d, graphs=False, device="cuda", backend="triton")
+    assert ahead_eager == eager
 
 
 @pytest.mark.gpu
