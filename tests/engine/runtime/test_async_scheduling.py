@@ -72,7 +72,7 @@ def test_lengths_differ_chunks_and_preemption(num_blocks, block_size, budget, ma
     lens = [1 + (7 * i) % 15 for i in range(len(ps))]  # requests end at different steps: rows drop out ahead
 
     def make():
-        return [Sequence(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in zip(ps, lens)]
+        return [Sequence(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in zip(ps, lens, strict=True)]
 
     res = run_both(make, num_blocks=num_blocks, block_size=block_size, budget=budget, max_num_seqs=max_num_seqs)
     for overlap, (seqs, eng) in res.items():
@@ -96,10 +96,10 @@ def test_a_stop_token_ends_a_request_whose_next_step_is_already_launched():
 
     def make():
         return [Sequence(p, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[t], ignore_eos=True))
-                for p, t in zip(ps, stops)]
+                for p, t in zip(ps, stops, strict=True)]
 
     res = run_both(make)
-    for overlap, (seqs, eng) in res.items():
+    for overlap, (seqs, _eng) in res.items():
         for p, t, s in zip(ps, stops, seqs, strict=True):
             assert s.output_token_ids == reference(p, 30, stop=(t,)), overlap
             assert s.finish_reason == "stop" and len(s.output_token_ids) <= 5
