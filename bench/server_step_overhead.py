@@ -27,7 +27,6 @@ from pathlib import Path
 SERVER = r"""
 import asyncio, signal, sys, time
 import torch
-from k2bench.aio import run as run_loop
 from k2bench.engine.runtime.build import EngineOptions, build_engine
 from k2bench.engine.runtime.runner import SampledTokens
 from k2bench.engine.runtime.runtime_config import RuntimeConfig
@@ -54,7 +53,7 @@ async def main():
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     await serve(eng, Tokenizer(model) if detok else None, host="127.0.0.1", port=port, served_name="stub")
 try:
-    run_loop(main())  # the loop `k2bench serve` runs on (K2BENCH_NO_UVLOOP=1: asyncio's)
+    asyncio.run(main())
 except asyncio.CancelledError:
     pass
 st = eng.stats
@@ -83,15 +82,13 @@ async def _clients(port: int, conc: int, tokens: int) -> list[float]:
     return gaps
 
 
-def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool = True, detok: bool = True,
-            loop: str = "uvloop") -> dict:
+def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool = True, detok: bool = True) -> dict:
     from k2bench.net import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), str(device_ms), str(conc),
                              str(int(overlap)), str(int(detok))],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "K2BENCH_NO_UVLOOP": "1" if loop == "asyncio" else "0"})
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         import urllib.request
 
@@ -110,7 +107,7 @@ def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool 
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT"))
     st = json.loads(line[len("RESULT"):])
     step_ms = st["step_s"] / st["steps"] * 1e3
-    return {"device_ms": device_ms, "conc": conc, "async_scheduling": overlap, "detokenize": detok, "event_loop": loop, "steps": st["steps"], "engine_step_ms": round(step_ms, 3),
+    return {"device_ms": device_ms, "conc": conc, "async_scheduling": overlap, "detokenize": detok, "steps": st["steps"], "engine_step_ms": round(step_ms, 3),
             "host_ms": round(step_ms - device_ms, 3), "client_itl_median_ms": round(statistics.median(gaps) * 1e3, 3)}
 
 
@@ -121,7 +118,6 @@ def main() -> int:
     ap.add_argument("--conc", default="4,128")
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--async-scheduling", default="on,off", help="engine loops to measure: on, off or on,off")
-    ap.add_argument("--event-loops", default="uvloop", help="server event loops to measure: uvloop, asyncio or both")
     ap.add_argument("--no-detokenize", dest="detok", action="store_false",
                     help="serve without the checkpoint's tokenizer (no text in the stream)")
     ap.add_argument("--out", type=Path, required=True)
@@ -129,16 +125,13 @@ def main() -> int:
     modes = [m.strip() for m in args.async_scheduling.split(",")]
     if not modes or any(m not in ("on", "off") for m in modes):
         ap.error(f"--async-scheduling takes on, off or on,off (got {args.async_scheduling!r})")
-    loops = [m.strip() for m in args.event_loops.split(",")]
-    if not loops or any(m not in ("uvloop", "asyncio") for m in loops):
-        ap.error(f"--event-loops takes uvloop, asyncio or uvloop,asyncio (got {args.event_loops!r})")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for device_ms in (float(v) for v in args.device_ms.split(",")):
-        for conc, mode, loop in ((int(c), m, lp) for c in args.conc.split(",") for m in modes for lp in loops):
-            row = measure(args.model, device_ms, conc, args.tokens, overlap=mode == "on", detok=args.detok, loop=loop)
+        for conc, mode in ((int(c), m) for c in args.conc.split(",") for m in modes):
+            row = measure(args.model, device_ms, conc, args.tokens, overlap=mode == "on", detok=args.detok)
             rows.append(row)
-            print(f"device {device_ms:5.1f} ms  conc {conc:4d}  async {mode:3s}  {loop:7s}  engine step {row['engine_step_ms']:7.2f} ms  host adds "
+            print(f"device {device_ms:5.1f} ms  conc {conc:4d}  async {mode:3s}  engine step {row['engine_step_ms']:7.2f} ms  host adds "
                   f"{row['host_ms']:6.2f} ms  client ITL median {row['client_itl_median_ms']:7.2f} ms", flush=True)
     doc = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
     (args.out / "server_step_overhead.json").write_text(json.dumps(doc, indent=1))

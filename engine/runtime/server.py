@@ -380,8 +380,7 @@ async def serve(engine: LLMEngine, tokenizer: Tokenizer | None, *, host: str, po
     srv.guard = ConnectionGuard(runner.server, srv.limits)
     server = await loop.create_server(srv.guard, host, port, reuse_address=True, backlog=128)
     if ready_message:
-        loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-        print(f"k2bench serve: {served_name} ready on http://{host}:{port}/v1 (event loop: {loop_name})", flush=True)
+        print(f"k2bench serve: {served_name} ready on http://{host}:{port}/v1", flush=True)
     try:
         message = await failed
     finally:

@@ -123,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("k2bench serve needs the engine extra: pip install -e '.[engine]'") from None
-    from k2bench.aio import run as run_loop
     from k2bench.engine.runtime.build import EngineConfigError, EngineOptions, build_engine
     from k2bench.engine.runtime.runtime_config import RuntimeConfig
     from k2bench.engine.runtime.server import EngineFailed, serve
@@ -173,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                     root=str(model.resolve()), limits=limits)
 
     try:
-        run_loop(main())  # uvloop where installed: less of the GIL per streamed token (K2BENCH_NO_UVLOOP=1: asyncio)
+        asyncio.run(main())
     except asyncio.CancelledError:
         pass
     except EngineFailed as exc:
