@@ -25,10 +25,12 @@ runpy.run_module("k2bench.harness.cli", run_name="__main__")
 '''
 SERVER_CMD = ("{python} serve.py --model {model} --host {host} --port {port} --num-kv-blocks 256 --block-size 16 "
               "--max-model-len 1024")
-# Every commit sleeps in engine.sample, so that CPU load (which moves this tiny model's own step from
+# Every commit sleeps in engine.postprocess, so that CPU load (which moves this tiny model's own step from
 # 5 to 70 ms on a busy 2-core machine) moves a good commit's step by at most 1.7x: 100 ms good,
-# 1,000 ms from commit 11 on.
-GOOD, SLOW = "engine.sample:100", "engine.sample:1000"
+# 1,000 ms from commit 11 on. Post-processing runs once per step in the call that returns the step's
+# tokens; sampling is launched a step ahead under async scheduling, so a sleep there would hold back the
+# previous step's tokens and, at OSL 3, bunch them (a TPOT near zero on some trials).
+GOOD, SLOW = "engine.postprocess:100", "engine.postprocess:1000"
 
 
 def make_engine_repo(path: Path, n: int = 12, slow_from: int = 11) -> list[str]:
@@ -69,10 +71,10 @@ def test_bisect_names_commit_11_and_its_profile_diff_tops_with_the_slowed_functi
     assert f"first bad commit: {shas[10]} c11: change 11" in out
     section = out[out.index("### Profiles"):]
     rows = [ln for ln in section.splitlines() if ln.startswith("| `")]
-    assert rows[0].startswith("| `engine.sample` | cpu |"), section
+    assert rows[0].startswith("| `engine.postprocess` | cpu |"), section
     doc = json.loads(out_json.read_text())
     prof = doc["profiles"]
     assert (prof["last good"]["commit"], prof["first bad"]["commit"]) == (shas[9], shas[10])
     assert Path(prof["last good"]["trace"]).is_file() and Path(prof["first bad"]["trace"]).is_file()
     top = prof["diff"][0]
-    assert top["name"] == "engine.sample" and top["change_us_per_step"] > 800_000, top  # ~900 ms per step
+    assert top["name"] == "engine.postprocess" and top["change_us_per_step"] > 800_000, top  # ~900 ms per step
