@@ -39,10 +39,11 @@ class _Launched:
     def ahead_ids(self, nxt: SchedulerOutput) -> torch.Tensor:
         """The input ids of `nxt` (scheduled ahead of this step) from this step's samples on the device."""
         dev = self.tokens.device
-        row = {id(s.seq): i for i, s in enumerate(s for s in self.sched.seqs if s.samples)}
+        sampled = [s.seq for s in self.sched.seqs if s.samples]
+        if len(sampled) == len(nxt.seqs) and all(a is b.seq for a, b in zip(sampled, nxt.seqs, strict=True)):
+            return dev  # the same sequences in the same order: the samples are the ids
+        row = {id(seq): i for i, seq in enumerate(sampled)}
         idx = [row[id(s.seq)] for s in nxt.seqs]
-        if idx == list(range(dev.numel())):
-            return dev
         return dev.index_select(0, torch.tensor(idx, dtype=torch.int64).to(dev.device, non_blocking=True))
 
 

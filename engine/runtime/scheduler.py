@@ -156,22 +156,30 @@ class Scheduler:
         that would need a preemption is not scheduled ahead."""
         if self.waiting and len(self.running) < self.config.max_num_seqs:
             return None  # admission may happen: `schedule` decides once `prev` is read
-        after = {id(s.seq): s.start + s.num_new for s in prev.seqs if s.samples}
-        if len(after) != len(prev.seqs) or any(id(seq) not in after for seq in self.running):
-            return None  # a chunk still prefilling, or a running sequence left out of `prev` by the budget
+        after: dict[int, int] = {}
+        for s in prev.seqs:
+            if not s.samples:
+                return None  # a chunk still prefilling
+            after[id(s.seq)] = s.start + s.num_new
         max_len = self.config.max_model_len
+        bs = self.blocks.block_size
         nxt: list[ScheduledSeq] = []
+        short: list[ScheduledSeq] = []  # those whose new token needs a block they do not hold yet
         for seq in self.running:
-            start = after[id(seq)]
-            if seq.num_output_tokens + 1 >= seq.params.max_tokens or start + 1 >= max_len:
+            start = after.get(id(seq))
+            if start is None:
+                return None  # a running sequence that `prev`'s budget left out
+            if len(seq.token_ids) - seq.num_prompt_tokens + 1 >= seq.params.max_tokens or start + 1 >= max_len:
                 continue  # `prev`'s token is its last
-            nxt.append(ScheduledSeq(seq, 1, start, ahead=True))
+            s = ScheduledSeq(seq, 1, start, ahead=True)
+            nxt.append(s)
+            if start + 1 > len(seq.block_table) * bs:
+                short.append(s)
         if not nxt or len(nxt) > self.config.max_num_batched_tokens:
             return None
-        need = sum(self.blocks.extra_blocks(s.seq, s.start + 1) for s in nxt)
-        if need > self.blocks.num_free:
+        if sum(self.blocks.extra_blocks(s.seq, s.start + 1) for s in short) > self.blocks.num_free:
             return None  # `schedule` preempts
-        for s in nxt:
+        for s in short:
             self.blocks.grow(s.seq, s.start + 1)
         return SchedulerOutput(nxt, len(nxt), 0, [])
 
@@ -199,15 +207,17 @@ class Scheduler:
         updated: list[Sequence] = []
         k = 0
         max_len = self.config.max_model_len
+        commit = self.blocks.commit if self.blocks.enable_caching else None  # hoisted: 128 rows a step
         for s in out.seqs:
             seq = s.seq
-            if seq.is_finished:  # ended (stop token, abort) while this step ran ahead of reading its input
-                if s.samples:
-                    k += 1
+            samples = s.samples
+            if seq.status is SeqStatus.FINISHED:  # ended (stop token, abort) while this step ran ahead of reading it
+                k += samples
                 continue
             seq.num_computed = s.start + s.num_new
-            self.blocks.commit(seq)
-            if not s.samples:
+            if commit is not None:
+                commit(seq)
+            if not samples:
                 continue
             tok = sampled[k]
             k += 1
