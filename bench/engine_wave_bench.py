@@ -14,7 +14,9 @@ token) / (tokens - 1). One mixed step and one full-batch decode step can be prof
     python bench/engine_wave_bench.py --model /tmp/k2-width-3 --conc 32,128 --budgets 1024,2048,4096,8192 --out /tmp/out
 
 Each (concurrency, budget) pair is one wave on the same engine; its row has TTFT p50, TPOT p50 and ITL p99
-(every gap between two tokens of a request), the points of the budget curve.
+(every gap between two tokens of a request), the points of the budget curve. With --loop engine the wave runs
+through `LLMEngine.step` itself, the loop `k2bench serve` runs (async scheduling on, as served): the figures
+to set beside a served run (bench/served_vs_alone.py); the phases then stay empty.
 """
 
 from __future__ import annotations
@@ -83,6 +85,46 @@ class CompileLog:
         return names
 
 
+def _wave_result(seqs: list[Sequence], token_times: dict[int, list[float]], steps: list[dict], t_start: float) -> dict:
+    ttft = sorted((token_times[s.seq_id][0] - t_start) * 1e3 for s in seqs)
+    tpot = sorted((tt[-1] - tt[0]) * 1e3 / (len(tt) - 1) for tt in token_times.values() if len(tt) > 1)
+    # the harness's ITL: every gap between two tokens of a request (one token per step here)
+    itl = sorted((b - a) * 1e3 for tt in token_times.values() for a, b in zip(tt[:-1], tt[1:], strict=True))
+    return {"steps": steps, "ttft_ms": ttft, "tpot_ms": tpot, "itl_ms": itl, "duration_s": time.perf_counter() - t_start}
+
+
+def run_wave_engine(eng, prompts: list[list[int]], osl: int, compiles: CompileLog | None = None) -> dict:
+    """One wave through `LLMEngine.step`, the loop `k2bench serve` runs (async scheduling included when the
+    engine's config has it): each step's wall time and kind, no phase split and no GPU time (a step launched
+    ahead overlaps the one before it); per-request TTFT and TPOT from the step end times."""
+    seqs = [Sequence(p, SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True)) for p in prompts]
+    t_start = time.perf_counter()
+    for s in seqs:
+        eng.add(s)
+    token_times: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
+    steps = []
+    nan = float("nan")
+    while eng.has_work:
+        t0 = time.perf_counter()
+        ahead = eng.stats.steps_ahead
+        updated = eng.step()
+        t1 = time.perf_counter()
+        so = eng.last_sched
+        if so is None or eng.idle_step:
+            continue
+        eng.last_sched = None
+        for seq in updated:
+            token_times[seq.seq_id].append(t1)
+        steps.append({"kind": "mixed" if so.num_prefill_tokens else "decode", "prefill_tokens": so.num_prefill_tokens,
+                      # read after post-processing: a decode is one generated token fed back
+                      "decodes": sum(1 for s in so.seqs if s.num_new == 1 and s.start >= s.seq.num_prompt_tokens),
+                      "tokens": so.num_tokens,
+                      "ms": (t1 - t0) * 1e3, "profiled": False, "launched_next": eng.stats.steps_ahead > ahead,
+                      "compiled": compiles.take() if compiles is not None else [], "gpu_ms": nan,
+                      **{f"{k}_ms": nan for k in PHASES}})
+    return _wave_result(seqs, token_times, steps, t_start)
+
+
 def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None = None,
              compiles: CompileLog | None = None) -> dict:
     """Every step of one wave, timed by phase; per-request TTFT and TPOT from the step end times."""
@@ -138,11 +180,7 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
                       "tokens": so.num_tokens, "ms": (t[-1] - t_sched) * 1e3, "profiled": want_profile,
                       "compiled": compiles.take() if compiles is not None else [],
                       "gpu_ms": ev[0].elapsed_time(ev[1]) if ev else (t[2] - t[1]) * 1e3, **{f"{k}_ms": v * 1e3 for k, v in ph.items()}})
-    ttft = sorted((token_times[s.seq_id][0] - t_start) * 1e3 for s in seqs)
-    tpot = sorted((tt[-1] - tt[0]) * 1e3 / (len(tt) - 1) for tt in token_times.values() if len(tt) > 1)
-    # the harness's ITL: every gap between two tokens of a request (one token per step here)
-    itl = sorted((b - a) * 1e3 for tt in token_times.values() for a, b in zip(tt[:-1], tt[1:], strict=True))
-    return {"steps": steps, "ttft_ms": ttft, "tpot_ms": tpot, "itl_ms": itl, "duration_s": time.perf_counter() - t_start}
+    return _wave_result(seqs, token_times, steps, t_start)
 
 
 def _med(xs: list[float]) -> float:
@@ -195,10 +233,15 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
     ap.add_argument("--kv-cache-memory", type=float, default=16.0, help="GiB, as the design card's server")
     ap.add_argument("--profile", action="store_true", help="profile one mixed and one full decode step")
+    ap.add_argument("--loop", choices=("phases", "engine"), default="phases",
+                    help="phases: the step taken apart and timed by phase, one step at a time (default); engine: "
+                         "LLMEngine.step as `k2bench serve` runs it, async scheduling included (no phases)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     concs = [int(c) for c in args.conc.split(",")]
+    if args.loop == "engine" and args.profile:
+        ap.error("--profile needs --loop phases")
     rt = RuntimeConfig(max_num_seqs=max(concs), max_model_len=args.isl + args.osl + 64,
                        kv_cache_memory=args.kv_cache_memory)
     eng = build_engine(EngineOptions(model=args.model, device=args.device, backend="triton" if args.device == "cuda" else "torch",
@@ -212,9 +255,13 @@ def main() -> int:
     cases = [(c, int(b)) for c in concs for b in args.budgets.split(",")]
     for i, (conc, budget) in enumerate(cases):
         eng.scheduler.config.max_num_batched_tokens = budget
-        wave = run_wave(eng, _prompts(conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None,
-                        compiles)
-        row = {"budget": budget, "conc": conc, "isl": args.isl, "osl": args.osl, **summarise(wave, conc)}
+        if args.loop == "engine":
+            wave = run_wave_engine(eng, _prompts(conc, args.isl, 2), args.osl, compiles)
+        else:
+            wave = run_wave(eng, _prompts(conc, args.isl, 2), args.osl, args.out if args.profile and i == 0 else None,
+                            compiles)
+        row = {"budget": budget, "conc": conc, "isl": args.isl, "osl": args.osl, "loop": args.loop,
+               **summarise(wave, conc)}
         rows.append(row)
         (args.out / f"wave_steps_{conc}_{budget}.json").write_text(json.dumps(wave))
         (args.out / "wave_bench.json").write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))  # so far
@@ -228,9 +275,10 @@ def main() -> int:
               f"{row['ttft_ms_max']:.0f}; TPOT p50 {row['tpot_ms_p50']:.2f} ms; ITL p99 {row['itl_ms_p99']} ms", flush=True)
         for step, names in row["compiles"]:
             print(f"  step {step} compiled {', '.join(names)} ({wave['steps'][step]['ms']:.0f} ms)", flush=True)
-        print("  mixed phases (ms): " + "  ".join(f"{p} {row[f'mixed_{p}_ms_median']:.2f}" for p in PHASES)
-              + " | full decode: " + "  ".join(f"{p} {row[f'full_decode_{p}_ms_median']:.2f}" for p in PHASES),
-              flush=True)
+        if args.loop == "phases":
+            print("  mixed phases (ms): " + "  ".join(f"{p} {row[f'mixed_{p}_ms_median']:.2f}" for p in PHASES)
+                  + " | full decode: " + "  ".join(f"{p} {row[f'full_decode_{p}_ms_median']:.2f}" for p in PHASES),
+                  flush=True)
     eng.shutdown()
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     doc = {"model": args.model, "device": device, "torch": torch.__version__, "rows": rows}

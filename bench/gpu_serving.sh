@@ -72,7 +72,7 @@ fi
 log "alone: one-wave levels $WAVE_CONC at budgets $BUDGETS (limit $(( $(left) - 10 ))s)"
 timeout --signal=TERM --kill-after=10 "$(( $(left) - 10 ))" python3 bench/engine_wave_bench.py --model "$CKPT" \
   --device "$DEVICE" --conc "$WAVE_CONC" --budgets "$BUDGETS" --isl "$ISL" --osl "$OSL" --kv-cache-memory "$KV" \
-  --out "$OUT/wave" 2>&1 | tee -a "$OUT/run.log" | grep -E "^conc|^  mixed|Error|error" | head -40
+  --loop engine --out "$OUT/wave" 2>&1 | tee -a "$OUT/run.log" | grep -E "^conc|^  mixed|Error|error" | head -40
 
 if [ -f "$OUT/wave/wave_bench.json" ]; then
   [ -f "$OUT/serving_sweep.json" ] && python3 bench/served_vs_alone.py --sweep "$OUT/serving_sweep.json" \

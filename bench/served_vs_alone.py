@@ -7,7 +7,9 @@ ran the same work (C prompts of ISL tokens at once, OSL tokens each), so per con
   output queue, detokenisation, SSE framing, the event loop, HTTP, and the client's own reading);
 - inside the step, the alone run's full-batch decode step splits into GPU time (CUDA events around the
   launch and copies) and host phases (schedule, prepare, sample's wait and copy, postprocess); step minus
-  GPU is the host work the GPU does not hide.
+  GPU is the host work the GPU does not hide. That split needs the wave bench's --loop phases, which runs
+  one step at a time; with --loop engine (what bench/gpu_serving.sh runs, the server's own loop with async
+  scheduling, so that served and alone run the same loop) those columns are empty (nan).
 Prints a table and writes served_vs_alone.json.
 
     python bench/served_vs_alone.py --sweep OUT/serving_sweep.json --wave OUT/wave/wave_bench.json --budget 8192 --out OUT

@@ -69,6 +69,7 @@ class LLMEngine:
         self.idle_step = False  # the last step found nothing it could schedule
         self.failed: list[tuple[Sequence, str]] = []  # the last step's aborted requests and why
         self._ahead: _Launched | None = None  # the step launched before the last one was read
+        self.last_sched: SchedulerOutput | None = None  # the step the last `step` call returned (benches read it)
 
     @property
     def config(self):
@@ -161,6 +162,7 @@ class LLMEngine:
         if on_launch is not None:
             on_launch()
         sched, tokens = self._read(cur)
+        self.last_sched = sched
         updated = self.scheduler.postprocess(sched, tokens)
         for seq in updated:
             if seq.is_finished:
