@@ -85,6 +85,15 @@ class CompileLog:
         return names
 
 
+def _start_wave(add, prompts: list[list[int]], osl: int) -> tuple[list[Sequence], dict[int, list[float]], float]:
+    """The wave's requests, added with `add` at once (greedy, OSL tokens each), their token-time lists, the start."""
+    seqs = [Sequence(p, SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True)) for p in prompts]
+    t_start = time.perf_counter()
+    for s in seqs:
+        add(s)
+    return seqs, {s.seq_id: [] for s in seqs}, t_start
+
+
 def _wave_result(seqs: list[Sequence], token_times: dict[int, list[float]], steps: list[dict], t_start: float) -> dict:
     ttft = sorted((token_times[s.seq_id][0] - t_start) * 1e3 for s in seqs)
     tpot = sorted((tt[-1] - tt[0]) * 1e3 / (len(tt) - 1) for tt in token_times.values() if len(tt) > 1)
@@ -97,11 +106,7 @@ def run_wave_engine(eng, prompts: list[list[int]], osl: int, compiles: CompileLo
     """One wave through `LLMEngine.step`, the loop `k2bench serve` runs (async scheduling included when the
     engine's config has it): each step's wall time and kind, no phase split and no GPU time (a step launched
     ahead overlaps the one before it); per-request TTFT and TPOT from the step end times."""
-    seqs = [Sequence(p, SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True)) for p in prompts]
-    t_start = time.perf_counter()
-    for s in seqs:
-        eng.add(s)
-    token_times: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
+    seqs, token_times, t_start = _start_wave(eng.add, prompts, osl)
     steps = []
     nan = float("nan")
     while eng.has_work:
@@ -116,8 +121,9 @@ def run_wave_engine(eng, prompts: list[list[int]], osl: int, compiles: CompileLo
         for seq in updated:
             token_times[seq.seq_id].append(t1)
         steps.append({"kind": "mixed" if so.num_prefill_tokens else "decode", "prefill_tokens": so.num_prefill_tokens,
-                      # read after post-processing: a decode is one generated token fed back
-                      "decodes": sum(1 for s in so.seqs if s.num_new == 1 and s.start >= s.seq.num_prompt_tokens),
+                      # read after post-processing, counted as `is_prefill` did at scheduling: one-token rows
+                      # that reach the end of the prompt or past it (a decode, or a prompt's last token)
+                      "decodes": sum(1 for s in so.seqs if s.num_new == 1 and s.start + 1 >= s.seq.num_prompt_tokens),
                       "tokens": so.num_tokens,
                       "ms": (t1 - t0) * 1e3, "profiled": False, "launched_next": eng.stats.steps_ahead > ahead,
                       "compiled": compiles.take() if compiles is not None else [], "gpu_ms": nan,
@@ -129,11 +135,7 @@ def run_wave(eng, prompts: list[list[int]], osl: int, profile_dir: Path | None =
              compiles: CompileLog | None = None) -> dict:
     """Every step of one wave, timed by phase; per-request TTFT and TPOT from the step end times."""
     sch, run = eng.scheduler, eng.runner
-    seqs = [Sequence(p, SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True)) for p in prompts]
-    t_start = time.perf_counter()
-    for s in seqs:
-        sch.add(s)
-    token_times: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
+    seqs, token_times, t_start = _start_wave(sch.add, prompts, osl)
     steps = []
     profiled = {"mixed": False, "decode": False}
     while sch.has_work:
