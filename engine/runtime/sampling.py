@@ -55,9 +55,8 @@ def sample_tensor(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """One token per row of `logits` [n, vocab] for the matching sequence, as an int64 tensor on the logits'
     device: nothing here waits for the device, so the step after can be launched before these are read."""
     greedy = [s.params.greedy for s in seqs]
-    out = logits.argmax(-1)
     if all(greedy):
-        return out
+        return logits.argmax(-1)
     rows = [i for i, g in enumerate(greedy) if not g]
     sub = [seqs[i] for i in rows]
     logp = filter_logits(logits[rows], [s.params for s in sub])
@@ -66,6 +65,7 @@ def sample_tensor(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     picked = (logp - q.log()).argmax(-1)
     if len(rows) == len(seqs):
         return picked
+    out = logits.argmax(-1)  # the greedy rows; only a mixed batch needs it
     out[torch.tensor(rows, device=logits.device)] = picked
     return out
 
