@@ -10,6 +10,8 @@ servers in one process (tests) never share a metric.
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -26,8 +28,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, gc_pauses=None) -> None:
         self.engine = engine
+        self.gc_pauses = gc_pauses  # server_process.GcPauses, where the serving process counts them
 
     def collect(self):
         eng = self.engine
@@ -55,14 +58,32 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(PREFIX + name, help_, value=value)
         for name, help_, value in counters:
             yield CounterMetricFamily(PREFIX + name, help_, value=value)
+        gcp = self.gc_pauses
+        if gcp is not None:
+            pauses = CounterMetricFamily(PREFIX + "gc_pauses", "garbage collector runs (they stop every thread)",
+                                         labels=["generation"])
+            seconds = CounterMetricFamily(PREFIX + "gc_pause_seconds", "time the garbage collector ran",
+                                          labels=["generation"])
+            for g in range(3):
+                pauses.add_metric([str(g)], gcp.count[g])
+                seconds.add_metric([str(g)], gcp.seconds[g])
+            yield pauses
+            yield seconds
+            yield GaugeMetricFamily(PREFIX + "gc_pause_longest_seconds", "the longest garbage collector run so far",
+                                    value=gcp.longest)
+            # the serving process's interpreter settings as they are (server_process), recorded with each run
+            yield GaugeMetricFamily(PREFIX + "gc_frozen_objects", "objects kept out of garbage collections "
+                                    "(gc.freeze once warmed up)", value=gc.get_freeze_count())
+            yield GaugeMetricFamily(PREFIX + "switch_interval_seconds", "the GIL's switch interval "
+                                    "(sys.getswitchinterval)", value=sys.getswitchinterval())
 
 
 class ServerMetrics:
     """The registry one server exposes, and the per-request observations its handler makes."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, gc_pauses=None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_EngineCollector(engine, gc_pauses))
 
         def hist(name: str, help_: str) -> Histogram:
             return Histogram(PREFIX + name, help_, buckets=_LATENCY_BUCKETS, registry=self.registry)

@@ -18,9 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     from k2bench.engine.kernels import backend_names
     from k2bench.engine.runtime.runtime_config import ALL_REDUCE_MODES, KV_CACHE_DTYPES, RuntimeConfig
     from k2bench.engine.runtime.server_limits import ServerLimits
+    from k2bench.engine.runtime.server_process import PYTHON_SWITCH_INTERVAL_MS, ProcessSettings
 
     rt = RuntimeConfig()
     lim = ServerLimits()
+    proc = ProcessSettings()
     p = sub.add_parser("serve", help="serve a Kimi-K2 / DeepSeek-V3 checkpoint with the bundled engine",
                        description="Serve a checkpoint folder with the bundled MXFP4 engine over an "
                                    "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics).")
@@ -93,6 +95,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest request body, else a 413 (default: what the longest prompt --max-model-len "
                         "allows could take as JSON, plus 1 MiB)")
+    i = p.add_argument_group("interpreter")
+    i.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="how long the event loop may hold the GIL while the engine thread waits for it "
+                        f"(sys.setswitchinterval; default {proc.switch_interval_ms:g}, Python's own "
+                        f"{PYTHON_SWITCH_INTERVAL_MS:g}): the engine thread waits for it after every device wait")
+    i.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=None,
+                   help="once warmed up, keep the start-up heap out of later garbage collections, whose "
+                        f"pauses stop every stream (gc.freeze; default {'on' if proc.gc_freeze else 'off'})")
     p.set_defaults(handler=run)
 
 
@@ -127,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from k2bench.engine.runtime.runtime_config import RuntimeConfig
     from k2bench.engine.runtime.server import EngineFailed, serve
     from k2bench.engine.runtime.server_limits import ServerLimits
+    from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings
     from k2bench.engine.runtime.tokenizer import Tokenizer, TokenizerError
 
     model = Path(args.model)
@@ -144,12 +155,20 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, f.name, None)
         if v is not None:
             setattr(limits, f.name, v)
+    process = ProcessSettings()
+    for f in fields(ProcessSettings):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            setattr(process, f.name, v)
     try:
         rt.validate()
         limits.validate()
+        process.validate()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     logging.getLogger("k2bench.engine").setLevel(logging.INFO)
+    process.apply()
+    gc_pauses = GcPauses().install()
     opts = EngineOptions(model=str(model), device=args.device, dtype=args.dtype, quant_mode=args.quant_mode,
                          backend=args.backend, tp=args.tp, runtime=rt)
     try:
@@ -169,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         await serve(engine, tok, host=args.host, port=args.port, served_name=name, api_key=api_key,
-                    root=str(model.resolve()), limits=limits)
+                    root=str(model.resolve()), limits=limits, on_ready=lambda: process.warmed(gc_pauses),
+                    gc_pauses=gc_pauses)
 
     try:
         asyncio.run(main())
