@@ -5,7 +5,7 @@ engine's mean step minus --device-ms is the host's share that the device does no
 device queues steps as a GPU stream does: a step starts at its launch or at the end of the step before,
 whichever is later. With --async-scheduling on,off both engine loops are measured (on: the next step is
 scheduled and launched before the wait). The stand-in process sets itself up as `k2bench serve` does
-(server_process: the GIL's switch interval, A/B-able with --switch-interval-ms 5,0.5, and the frozen heap).
+(server_process: the start-up heap frozen once warm, the collector's pauses counted).
 
     python bench/server_step_overhead.py --model CKPT --device-ms 7,20 --conc 4,128 --tokens 300 --out DIR
 
@@ -36,8 +36,7 @@ from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings
 from k2bench.engine.runtime.tokenizer import Tokenizer
 model, port, device_ms, conc, overlap, detok = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), \
     sys.argv[5] == "1", sys.argv[6] == "1"
-process = ProcessSettings(switch_interval_ms=float(sys.argv[7]))  # as `k2bench serve` sets its process up
-process.apply()
+process = ProcessSettings()  # as `k2bench serve` sets its process up
 pauses = GcPauses().install()
 rt = RuntimeConfig(max_num_seqs=conc, max_model_len=2048, num_kv_blocks=conc * 2048 // RuntimeConfig.block_size + 8,
                    async_scheduling=overlap)
@@ -89,13 +88,12 @@ async def _clients(port: int, conc: int, tokens: int) -> list[float]:
     return gaps
 
 
-def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool = True, detok: bool = True,
-            switch_ms: float = 0.5) -> dict:
+def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool = True, detok: bool = True) -> dict:
     from k2bench.net import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), str(device_ms), str(conc),
-                             str(int(overlap)), str(int(detok)), str(switch_ms)],
+                             str(int(overlap)), str(int(detok))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         import urllib.request
@@ -116,7 +114,7 @@ def measure(model: str, device_ms: float, conc: int, tokens: int, overlap: bool 
     st = json.loads(line[len("RESULT"):])
     step_ms = st["step_s"] / st["steps"] * 1e3
     return {"device_ms": device_ms, "conc": conc, "async_scheduling": overlap, "detokenize": detok,
-            "switch_interval_ms": switch_ms, "steps": st["steps"], "engine_step_ms": round(step_ms, 3),
+            "steps": st["steps"], "engine_step_ms": round(step_ms, 3),
             "host_ms": round(step_ms - device_ms, 3), "client_itl_median_ms": round(statistics.median(gaps) * 1e3, 3),
             "gc_longest_ms": round(st["gc_longest_s"] * 1e3, 2), "gc_ms": round(st["gc_seconds"] * 1e3, 2)}
 
@@ -128,9 +126,6 @@ def main() -> int:
     ap.add_argument("--conc", default="4,128")
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--async-scheduling", default="on,off", help="engine loops to measure: on, off or on,off")
-    ap.add_argument("--switch-interval-ms", default="0.5",
-                    help="the serving process's GIL switch interval(s), as `k2bench serve --switch-interval-ms` "
-                         "sets it; a list A/Bs them (Python's own is 5)")
     ap.add_argument("--no-detokenize", dest="detok", action="store_false",
                     help="serve without the checkpoint's tokenizer (no text in the stream)")
     ap.add_argument("--out", type=Path, required=True)
@@ -140,12 +135,11 @@ def main() -> int:
         ap.error(f"--async-scheduling takes on, off or on,off (got {args.async_scheduling!r})")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    switches = [float(v) for v in args.switch_interval_ms.split(",")]
     for device_ms in (float(v) for v in args.device_ms.split(",")):
-        for conc, mode, sw in ((int(c), m, w) for c in args.conc.split(",") for m in modes for w in switches):
-            row = measure(args.model, device_ms, conc, args.tokens, overlap=mode == "on", detok=args.detok, switch_ms=sw)
+        for conc, mode in ((int(c), m) for c in args.conc.split(",") for m in modes):
+            row = measure(args.model, device_ms, conc, args.tokens, overlap=mode == "on", detok=args.detok)
             rows.append(row)
-            print(f"device {device_ms:5.1f} ms  conc {conc:4d}  async {mode:3s}  switch {sw:4g} ms  engine step "
+            print(f"device {device_ms:5.1f} ms  conc {conc:4d}  async {mode:3s}  engine step "
                   f"{row['engine_step_ms']:7.2f} ms  host adds {row['host_ms']:6.2f} ms  client ITL median "
                   f"{row['client_itl_median_ms']:7.2f} ms  longest gc {row['gc_longest_ms']:6.1f} ms", flush=True)
     doc = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}

@@ -11,7 +11,6 @@ servers in one process (tests) never share a metric.
 from __future__ import annotations
 
 import gc
-import sys
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -71,11 +70,9 @@ class _EngineCollector(Collector):
             yield seconds
             yield GaugeMetricFamily(PREFIX + "gc_pause_longest_seconds", "the longest garbage collector run so far",
                                     value=gcp.longest)
-            # the serving process's interpreter settings as they are (server_process), recorded with each run
+            # as the serving process set itself up (server_process), recorded with each run
             yield GaugeMetricFamily(PREFIX + "gc_frozen_objects", "objects kept out of garbage collections "
                                     "(gc.freeze once warmed up)", value=gc.get_freeze_count())
-            yield GaugeMetricFamily(PREFIX + "switch_interval_seconds", "the GIL's switch interval "
-                                    "(sys.getswitchinterval)", value=sys.getswitchinterval())
 
 
 class ServerMetrics:

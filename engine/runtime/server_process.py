@@ -1,12 +1,5 @@
-"""How a `k2bench serve` process sets up its Python interpreter: the GIL's switch interval, the garbage
-collector's view of the start-up heap, and a count of its pauses.
-
-The engine thread and the event loop share one GIL. The engine thread gives it up whenever it waits on
-the device (reading a step's tokens, replaying a CUDA graph); when it wants it back while the event loop
-is streaming a step's tokens to many clients, CPython makes it wait until the loop has held the GIL for
-the switch interval (5 ms by default) before asking the loop to yield. With a 7 ms decode step that wait
-can cost a third of a step. A shorter interval hands the GIL back sooner; the loop loses little, since
-the engine thread asks for it only a few times a step and holds it briefly.
+"""How a `k2bench serve` process sets up its Python interpreter: the garbage collector's view of the
+start-up heap, and a count of its pauses.
 
 A full collection walks every tracked object, and the heap of a serving process (torch, Triton, the
 engine's start-up objects) holds hundreds of thousands: one pause of 100 ms or more, in the middle of a
@@ -20,27 +13,15 @@ that serves from inside another program leaves them alone unless it asks.
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from dataclasses import dataclass
-
-PYTHON_SWITCH_INTERVAL_MS = 5.0  # CPython's own default, sys.getswitchinterval()
 
 
 @dataclass
 class ProcessSettings:
     """The serving process's interpreter settings, one place for their defaults (the CLI reads them)."""
 
-    switch_interval_ms: float = 0.5  # sys.setswitchinterval; see the module text
     gc_freeze: bool = True  # gc.freeze() once the engine has warmed up
-
-    def validate(self) -> None:
-        if not 0.01 <= self.switch_interval_ms <= 1000:
-            raise ValueError(f"--switch-interval-ms must be 0.01..1000 ms (got {self.switch_interval_ms:g})")
-
-    def apply(self) -> None:
-        """Set the switch interval now (before the engine thread starts)."""
-        sys.setswitchinterval(self.switch_interval_ms / 1e3)
 
     def warmed(self, pauses: GcPauses | None = None) -> None:
         """Once the engine has warmed up: freeze the heap if asked, and start `pauses`' longest pause

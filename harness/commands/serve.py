@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from k2bench.engine.kernels import backend_names
     from k2bench.engine.runtime.runtime_config import ALL_REDUCE_MODES, KV_CACHE_DTYPES, RuntimeConfig
     from k2bench.engine.runtime.server_limits import ServerLimits
-    from k2bench.engine.runtime.server_process import PYTHON_SWITCH_INTERVAL_MS, ProcessSettings
+    from k2bench.engine.runtime.server_process import ProcessSettings
 
     rt = RuntimeConfig()
     lim = ServerLimits()
@@ -96,10 +96,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest request body, else a 413 (default: what the longest prompt --max-model-len "
                         "allows could take as JSON, plus 1 MiB)")
     i = p.add_argument_group("interpreter")
-    i.add_argument("--switch-interval-ms", type=float, default=None,
-                   help="how long the event loop may hold the GIL while the engine thread waits for it "
-                        f"(sys.setswitchinterval; default {proc.switch_interval_ms:g}, Python's own "
-                        f"{PYTHON_SWITCH_INTERVAL_MS:g}): the engine thread waits for it after every device wait")
     i.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=None,
                    help="once warmed up, keep the start-up heap out of later garbage collections, whose "
                         f"pauses stop every stream (gc.freeze; default {'on' if proc.gc_freeze else 'off'})")
@@ -163,11 +159,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         rt.validate()
         limits.validate()
-        process.validate()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     logging.getLogger("k2bench.engine").setLevel(logging.INFO)
-    process.apply()
     gc_pauses = GcPauses().install()
     opts = EngineOptions(model=str(model), device=args.device, dtype=args.dtype, quant_mode=args.quant_mode,
                          backend=args.backend, tp=args.tp, runtime=rt)

@@ -194,3 +194,39 @@ def level_share(roof: dict | None, point: dict) -> dict | None:
         return None
     bound = next((p for p in roof["points"] if p["concurrency"] == point.get("concurrency")), None)
     return None if bound is None else share_of_limit(point, bound)
+
+
+def one_wave_stall(point: dict, osl: int) -> dict:
+    """What a one-wave level's prefills cost its decodes: {} unless the level sent as many prompts as it
+    had streams, all at once (the design card's levels), else ``prompt_ms``, ``stall_ms`` and ``share``.
+
+    The model: prompts are prefilled one after another, one step of t_p each, and a stream already
+    decoding gets its next token in each of those steps; once all are in, decode steps of d follow. The
+    k-th prompt's first token comes at k x t_p, and its 1023 (OSL - 1) gaps hold N - k prefill steps and
+    decode steps for the rest. Over the level (medians, N odd or even):
+
+        TTFT p50 = (N + 1) / 2 x t_p
+        TPOT p50 = d x (1 - share) + stall,   share = (N - 1) / 2 / (OSL - 1),   stall = share x t_p
+
+    So t_p (``prompt_ms``, the level's own prefill speed with its decodes beside it) comes from TTFT p50,
+    the decode step the level implies is d = (TPOT p50 - stall) / (1 - share), and with d at its floor f,
+    f x (1 - share) + stall is the least TPOT p50 that prefill speed allows (docs/engine.md)."""
+    n = point.get("concurrency") or 0
+    ttft = (point.get("ttft_ms") or {}).get("median")
+    if n < 1 or point.get("num_prompts") != n or point.get("mode", "closed") != "closed" or not ttft or osl < 2:
+        return {}
+    prompt_ms = ttft / ((n + 1) / 2)
+    share = (n - 1) / 2 / (osl - 1)
+    if share >= 1:  # more prefills than gaps: the model above does not hold
+        return {}
+    return {"prompt_ms": prompt_ms, "share": share, "stall_ms": share * prompt_ms}
+
+
+def one_wave_decode_ms(tpot_ms: float, wave: dict) -> float:
+    """The decode step a one-wave level implies (see one_wave_stall)."""
+    return (tpot_ms - wave["stall_ms"]) / (1 - wave["share"])
+
+
+def one_wave_bound_ms(floor_ms: float, wave: dict) -> float:
+    """The least TPOT p50 of a one-wave level at its prefill speed, with decode steps at ``floor_ms``."""
+    return floor_ms * (1 - wave["share"]) + wave["stall_ms"]

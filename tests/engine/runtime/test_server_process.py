@@ -1,22 +1,15 @@
-"""How `k2bench serve` sets up its interpreter (server_process): the GIL's switch interval, the frozen
-start-up heap, and the garbage collector's pauses on /metrics. The served checks read what the server
-process reports of itself; the in-process ones compare with CPython's own counts (gc.get_stats)."""
+"""How `k2bench serve` sets up its interpreter (server_process): the frozen start-up heap, and the
+garbage collector's pauses on /metrics. The served checks read what the server process reports of
+itself; the in-process ones compare with CPython's own counts (gc.get_stats)."""
 
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
 
 import pytest
 from test_runtime_server import PROMPT_IDS, Server
 
-from k2bench.engine.runtime.server_process import (
-    PYTHON_SWITCH_INTERVAL_MS,
-    GcPauses,
-    ProcessSettings,
-    freeze_heap,
-)
+from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings, freeze_heap
 
 
 def test_the_pause_count_matches_cpythons_own_collection_count():
@@ -58,30 +51,6 @@ def test_warmed_freezes_the_heap_and_restarts_the_longest_pause():
     gc.unfreeze()
 
 
-def test_apply_sets_the_switch_interval():
-    old = sys.getswitchinterval()
-    try:
-        ProcessSettings(switch_interval_ms=0.25).apply()
-        assert sys.getswitchinterval() == pytest.approx(0.25e-3)
-    finally:
-        sys.setswitchinterval(old)
-
-
-@pytest.mark.parametrize("value", [0, -1, 0.001, 5000])
-def test_out_of_range_switch_intervals_are_refused(value):
-    with pytest.raises(ValueError, match="--switch-interval-ms"):
-        ProcessSettings(switch_interval_ms=value).validate()
-
-
-def test_the_default_shortens_pythons_own_interval():
-    """PYTHON_SWITCH_INTERVAL_MS (what --help names as Python's) is a fresh interpreter's, and the default
-    is shorter: set back to Python's, the setting would do nothing."""
-    out = subprocess.run([sys.executable, "-c", "import sys; print(sys.getswitchinterval())"], capture_output=True,
-                         text=True, check=True).stdout
-    assert float(out) * 1e3 == pytest.approx(PYTHON_SWITCH_INTERVAL_MS)
-    assert ProcessSettings().switch_interval_ms < PYTHON_SWITCH_INTERVAL_MS
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from k2bench.engine.model.tiny import write_tiny_checkpoint
@@ -108,7 +77,6 @@ def test_serve_reports_its_interpreter_settings_and_gc_pauses(tiny):
         before, m = _served_settings(default)
     finally:
         default.stop()
-    assert m["k2bench_switch_interval_seconds"] == pytest.approx(ProcessSettings().switch_interval_ms / 1e3)
     assert m["k2bench_gc_frozen_objects"] > 10_000  # torch and the engine, frozen once warmed up
     # the callback counts from before start-up (whose collections it saw), and only ever up
     for g in range(3):
@@ -118,18 +86,9 @@ def test_serve_reports_its_interpreter_settings_and_gc_pauses(tiny):
     # longest counts from the end of warm-up, so the freeze's own full collection is not in it
     assert 0 <= m["k2bench_gc_pause_longest_seconds"] < m['k2bench_gc_pause_seconds_total{generation="2"}']
 
-    other = Server(tiny, "--served-model-name", "tiny", "--no-gc-freeze", "--switch-interval-ms", "2")
+    other = Server(tiny, "--served-model-name", "tiny", "--no-gc-freeze")
     try:
         _, m = _served_settings(other)
     finally:
         other.stop()
-    assert m["k2bench_switch_interval_seconds"] == pytest.approx(2e-3)
     assert m["k2bench_gc_frozen_objects"] == 0
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("value", ["0", "abc"])
-def test_a_bad_switch_interval_is_a_user_error(tiny, value):
-    r = subprocess.run([sys.executable, "-m", "k2bench.harness.cli", "serve", "--model", str(tiny),
-                        "--switch-interval-ms", value], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "--switch-interval-ms" in r.stderr and "Traceback" not in r.stderr

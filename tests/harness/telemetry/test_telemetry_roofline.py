@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import struct
 from pathlib import Path
 
@@ -114,3 +115,47 @@ def test_a_runs_roofline_from_its_model_folder_and_hardware(tmp_path):
     off, why = rl.for_run(model, "cpu: AMD EPYC", tp=1, isl=64, osl=16)
     assert off is None and "not in hardware.toml" in why
     assert rl.for_run(None, "NVIDIA H200", tp=1, isl=64, osl=16)[1].startswith("roofline off: no local model")
+
+
+def _simulate_one_wave(n: int, osl: int, t_p: float, d: float) -> dict:
+    """A one-wave level played step by step, independently of the closed form: prompts prefilled one per
+    step of t_p, every stream already decoding gets a token in each step, then decode steps of d."""
+    assert osl > n  # no stream finishes among the prefill steps
+    t, first, tokens, done = 0.0, {}, dict.fromkeys(range(n), 0), {}
+    for k in range(n):  # the prefill steps
+        t += t_p
+        for j in first:
+            tokens[j] += 1
+        first[k] = t
+        tokens[k] = 1
+    while len(done) < n:  # decode steps
+        t += d
+        for j in range(n):
+            if j not in done:
+                tokens[j] += 1
+                if tokens[j] == osl:
+                    done[j] = t
+    tpot = [(done[j] - first[j]) / (osl - 1) for j in range(n)]
+    return {"concurrency": n, "num_prompts": n, "mode": "closed",
+            "ttft_ms": {"median": statistics.median(first.values())}, "tpot_ms": {"median": statistics.median(tpot)}}
+
+
+@pytest.mark.parametrize("n,osl,t_p,d", [(128, 1024, 86.5, 7.3), (64, 1024, 85.0, 5.5), (5, 64, 40.0, 2.0),
+                                         (4, 1024, 70.0, 1.9)])
+def test_one_wave_reads_prefill_speed_and_decode_step_back_from_a_simulated_level(n, osl, t_p, d):
+    point = _simulate_one_wave(n, osl, t_p, d)
+    wave = rl.one_wave_stall(point, osl)
+    assert wave["prompt_ms"] == pytest.approx(t_p)
+    assert rl.one_wave_decode_ms(point["tpot_ms"]["median"], wave) == pytest.approx(d)
+    # with the decode step at d, the bound is the level's TPOT; a faster floor gives a lower bound
+    assert rl.one_wave_bound_ms(d, wave) == pytest.approx(point["tpot_ms"]["median"])
+    assert rl.one_wave_bound_ms(d / 2, wave) < point["tpot_ms"]["median"]
+
+
+def test_levels_that_are_not_one_wave_get_no_stall():
+    point = {"concurrency": 32, "num_prompts": 32, "mode": "closed", "ttft_ms": {"median": 1000.0}}
+    assert rl.one_wave_stall(point, 1024)["stall_ms"] == pytest.approx(15.5 * (1000 / 16.5) / 1023)
+    assert rl.one_wave_stall({**point, "num_prompts": 64}, 1024) == {}  # two waves and more
+    assert rl.one_wave_stall({**point, "mode": "rate"}, 1024) == {}  # arrivals spread in time
+    assert rl.one_wave_stall({**point, "ttft_ms": {"median": None}}, 1024) == {}
+    assert rl.one_wave_stall(point, 16) == {}  # more prefill steps than gaps: the model does not hold
