@@ -32,12 +32,12 @@ from k2bench.engine.runtime.build import EngineOptions, build_engine
 from k2bench.engine.runtime.runner import SampledTokens
 from k2bench.engine.runtime.runtime_config import RuntimeConfig
 from k2bench.engine.runtime.server import serve
-from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings
+from k2bench.engine.runtime.server_process import ProcessSettings, Stalls
 from k2bench.engine.runtime.tokenizer import Tokenizer
 model, port, device_ms, conc, overlap, detok = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), \
     sys.argv[5] == "1", sys.argv[6] == "1"
 process = ProcessSettings()  # as `k2bench serve` sets its process up
-pauses = GcPauses().install()
+stalls = Stalls().install()
 rt = RuntimeConfig(max_num_seqs=conc, max_model_len=2048, num_kv_blocks=conc * 2048 // RuntimeConfig.block_size + 8,
                    async_scheduling=overlap)
 eng = build_engine(EngineOptions(model=model, device="cpu", backend="torch", runtime=rt))
@@ -56,14 +56,14 @@ run.sample_launch = sample_launch
 async def main():
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     await serve(eng, Tokenizer(model) if detok else None, host="127.0.0.1", port=port, served_name="stub",
-                on_ready=lambda: process.warmed(pauses), gc_pauses=pauses)
+                on_ready=lambda: process.warmed(stalls), stalls=stalls)
 try:
     asyncio.run(main())
 except asyncio.CancelledError:
     pass
 st = eng.stats
-print("RESULT" + __import__("json").dumps({"steps": st.steps, "step_s": st.step_seconds, "gc_longest_s": pauses.longest,
-                                          "gc_seconds": sum(pauses.seconds)}), flush=True)
+print("RESULT" + __import__("json").dumps({"steps": st.steps, "step_s": st.step_seconds, "gc_longest_s": stalls.gc.longest,
+                                          "gc_seconds": sum(stalls.gc.seconds)}), flush=True)
 """
 
 

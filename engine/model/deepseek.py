@@ -64,6 +64,19 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+def warm_up_token_counts(max_tokens: int) -> list[int]:
+    """Token counts a step can carry, dense enough that each size regime of the MoE kernels (tiles by pairs
+    per expert, alignment chunks by pairs: thresholds at and between powers of two) holds at least one:
+    1..16, then 16 per octave, and max_tokens."""
+    counts = set(range(1, min(16, max_tokens) + 1))
+    t = 16.0
+    while t < max_tokens:
+        counts.add(int(round(t)))
+        t *= 2 ** (1 / 16)
+    counts.add(max_tokens)
+    return sorted(c for c in counts if 1 <= c <= max_tokens)
+
+
 class DeepseekV3ForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, par: Parallel) -> None:
         super().__init__()
@@ -111,9 +124,31 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     @torch.inference_mode()
-    def warm_up(self, max_ctx: int) -> int:
-        """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`)."""
-        return self.layers[0].self_attn.warm_up(max_ctx) if len(self.layers) else 0
+    def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
+        """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`),
+        and, on a GPU, the routed experts of the first MoE layer run at every count of
+        `warm_up_token_counts(max_tokens)`: Triton compiles a kernel for each size regime it meets, and
+        one met first mid-serving stopped every stream for 0.2-1.1 s per kernel (an H200 design card,
+        2026-12-03). Each rank on its own (no all-reduce); every layer shares the kernels. Returns the
+        calls run."""
+        if not len(self.layers):
+            return 0
+        n = self.layers[0].self_attn.warm_up(max_ctx)
+        layer = next((layer for layer in self.layers if isinstance(layer.mlp, MoE)), None)
+        dev = self.embed_tokens.device
+        if layer is None or max_tokens < 1 or dev.type != "cuda":
+            return n
+        norm, moe = layer.post_attention_layernorm, layer.mlp
+        gen = torch.Generator(device=dev).manual_seed(0)
+        for t in warm_up_token_counts(max_tokens):
+            x = torch.randn(t, self.cfg.hidden_size, device=dev, dtype=self.embed_tokens.dtype, generator=gen)
+            if moe.takes_quantized:  # as DecoderLayer.forward feeds it
+                h, _, hq = norm(x, torch.zeros_like(x), quantize=True)
+                moe.local(h, hq)
+            else:
+                moe.local(norm(x, torch.zeros_like(x))[0])
+        torch.cuda.synchronize(dev)
+        return n + len(warm_up_token_counts(max_tokens))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

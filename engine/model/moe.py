@@ -234,6 +234,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
         """x feeds the float32 router; xq (x's A4W4 values, when the norm before wrote them) the experts."""
+        return self.par.all_reduce(self.local(x, xq))
+
+    def local(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's share of `forward` (before the all-reduce)."""
         weights, ids = self.gate(x)
         shared = self.shared_experts(x, xq) if self.shared_experts is not None else None
-        return self.par.all_reduce(self.experts(x if xq is None else xq, weights, ids, shared, xq is not None))
+        return self.experts(x if xq is None else xq, weights, ids, shared, xq is not None)

@@ -113,7 +113,7 @@ def build_engine(opts: EngineOptions) -> LLMEngine:
         raise
     if workers is not None:
         workers.broadcast_ints([num_blocks, rt.block_size, max_model_len, rt.max_num_seqs, KV_CODES[kv_dtype],
-                                int(rt.cuda_graphs), rt.warm_up_ctx])
+                                int(rt.cuda_graphs), rt.warm_up_ctx, rt.max_num_batched_tokens])
         try:
             distributed.setup_all_reduce(model, rt.all_reduce, rt.one_shot_max_bytes, rank_dev)
         except BaseException:

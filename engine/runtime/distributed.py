@@ -179,11 +179,11 @@ def worker_main(spec: dict) -> None:
     init_group(rank, world, spec["port"], spec["device"])
     model, cfg = load_model(spec["model"], device=device, dtype=spec["dtype"], quant_mode=spec["quant_mode"],
                             backend=spec["backend"], tp_rank=rank, tp_size=world)
-    num_blocks, block_size, max_model_len, max_rows, kv_code, graphs, warm_ctx = recv_ints(7, device)
+    num_blocks, block_size, max_model_len, max_rows, kv_code, graphs, warm_ctx, warm_tokens = recv_ints(8, device)
     setup_all_reduce(model, spec["all_reduce"], spec["one_shot_max_bytes"], device)
     runner = make_runner(model, cfg, num_blocks=num_blocks, block_size=block_size, kv_code=kv_code,
                          max_model_len=max_model_len, max_rows=max_rows, device=device, cuda_graphs=bool(graphs))
-    runner.warm_up(warm_ctx)  # this thread runs every step of this rank (as LLMEngine.warm_up on rank 0)
+    runner.warm_up(warm_ctx, warm_tokens)  # this thread runs every step of this rank (as LLMEngine.warm_up on rank 0)
     bdev = device if device.startswith("cuda") else "cpu"
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=bdev)
     while True:

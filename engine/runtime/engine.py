@@ -94,9 +94,9 @@ class LLMEngine:
         """Before serving, in the thread that will run the steps: kernel plans a step would otherwise
         build mid-request (cuDNN's SDPA plans are per shape and per thread)."""
         t0 = time.monotonic()
-        n = self.runner.warm_up(self.config.warm_up_ctx)
+        n = self.runner.warm_up(self.config.warm_up_ctx, self.config.max_num_batched_tokens)
         if n:
-            log.info("warm-up: %d prefill attention shapes in %.1f s", n, time.monotonic() - t0)
+            log.info("warm-up: %d prefill attention shapes and MoE token counts in %.1f s", n, time.monotonic() - t0)
 
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:

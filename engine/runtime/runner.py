@@ -188,9 +188,10 @@ class ModelRunner:
         )
 
     # ---- every rank: run the model ----------------------------------------------------------
-    def warm_up(self, max_ctx: int) -> int:
-        """Build the kernels' per-shape plans in this thread, the one that will run `execute`."""
-        return self.model.warm_up(max_ctx)
+    def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
+        """Build the kernels' per-shape plans and compile their size variants in this thread, the one that
+        will run `execute` (`DeepseekV3ForCausalLM.warm_up`)."""
+        return self.model.warm_up(max_ctx, max_tokens)
 
     @torch.inference_mode()
     def execute(self, inp: StepInputs) -> torch.Tensor | None:

@@ -30,7 +30,7 @@ from k2bench.engine.runtime.protocol import (
 )
 from k2bench.engine.runtime.sequence import Sequence
 from k2bench.engine.runtime.server_limits import ConnectionGuard, ServerLimits, longest_token_bytes
-from k2bench.engine.runtime.server_process import GcPauses
+from k2bench.engine.runtime.server_process import Stalls
 from k2bench.engine.runtime.tokenizer import Detokenizer, Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,14 @@ def error_response(message: str, status: int = 400, param: str | None = None, co
 class OpenAIServer:
     def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None, served_name: str,
                  api_key: str | None = None, root: str | None = None, limits: ServerLimits | None = None,
-                 gc_pauses: GcPauses | None = None):
+                 stalls: Stalls | None = None):
         self.engine = engine
         self.tok = tokenizer
         self.names = (served_name,)
         self.root = root  # the model folder, listed as "root" (as vLLM does) so clients find its tokenizer
         self.api_key = api_key
         self.async_engine: AsyncEngine | None = None
-        self.prom = server_metrics.ServerMetrics(engine, gc_pauses)
+        self.prom = server_metrics.ServerMetrics(engine, stalls)
         apply_test_delay(engine)  # tests only: K2BENCH_TEST_SLOW
         self.profile = ProfileEndpoints(self)  # /start_profile, /stop_profile
         self.created = int(time.time())
@@ -371,12 +371,12 @@ class _Stream:
 async def serve(engine: LLMEngine, tokenizer: Tokenizer | None, *, host: str, port: int, served_name: str,
                 api_key: str | None = None, root: str | None = None, ready_message: bool = True,
                 limits: ServerLimits | None = None, on_ready: Callable[[], object] | None = None,
-                gc_pauses: GcPauses | None = None) -> None:
+                stalls: Stalls | None = None) -> None:
     """Serve until cancelled; raise EngineFailed when the engine cannot go on (so the process exits
     instead of answering 503 for ever). ``on_ready`` runs once the engine has warmed up, before the port
-    opens (the CLI freezes the start-up heap there); ``gc_pauses`` (server_process.GcPauses) adds the
-    collector's pauses to /metrics."""
-    srv = OpenAIServer(engine, tokenizer, served_name, api_key, root, limits, gc_pauses)
+    opens (the CLI freezes the start-up heap there); ``stalls`` (server_process.Stalls) adds the
+    collector's pauses and Triton's compiles to /metrics."""
+    srv = OpenAIServer(engine, tokenizer, served_name, api_key, root, limits, stalls)
     runner = web.AppRunner(srv.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=srv.limits.request_timeout)
     await runner.setup()

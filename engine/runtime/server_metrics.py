@@ -27,9 +27,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine, gc_pauses=None) -> None:
+    def __init__(self, engine, stalls=None) -> None:
         self.engine = engine
-        self.gc_pauses = gc_pauses  # server_process.GcPauses, where the serving process counts them
+        self.stalls = stalls  # server_process.Stalls, where the serving process counts them
 
     def collect(self):
         eng = self.engine
@@ -57,30 +57,37 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(PREFIX + name, help_, value=value)
         for name, help_, value in counters:
             yield CounterMetricFamily(PREFIX + name, help_, value=value)
-        gcp = self.gc_pauses
-        if gcp is not None:
-            pauses = CounterMetricFamily(PREFIX + "gc_pauses", "garbage collector runs (they stop every thread)",
-                                         labels=["generation"])
-            seconds = CounterMetricFamily(PREFIX + "gc_pause_seconds", "time the garbage collector ran",
-                                          labels=["generation"])
-            for g in range(3):
-                pauses.add_metric([str(g)], gcp.count[g])
-                seconds.add_metric([str(g)], gcp.seconds[g])
-            yield pauses
-            yield seconds
-            yield GaugeMetricFamily(PREFIX + "gc_pause_longest_seconds", "the longest garbage collector run so far",
-                                    value=gcp.longest)
-            # as the serving process set itself up (server_process), recorded with each run
-            yield GaugeMetricFamily(PREFIX + "gc_frozen_objects", "objects kept out of garbage collections "
-                                    "(gc.freeze once warmed up)", value=gc.get_freeze_count())
+        if self.stalls is not None:
+            yield from self._stalls(self.stalls)
+
+    @staticmethod
+    def _stalls(stalls):
+        """What stopped every stream: collector pauses and Triton compiles (server_process.Stalls)."""
+        gcp, jit = stalls.gc, stalls.jit
+        pauses = CounterMetricFamily(PREFIX + "gc_pauses", "garbage collector runs (they stop every thread)",
+                                     labels=["generation"])
+        seconds = CounterMetricFamily(PREFIX + "gc_pause_seconds", "time the garbage collector ran",
+                                      labels=["generation"])
+        for g in range(3):
+            pauses.add_metric([str(g)], gcp.count[g])
+            seconds.add_metric([str(g)], gcp.seconds[g])
+        yield pauses
+        yield seconds
+        yield GaugeMetricFamily(PREFIX + "gc_pause_longest_seconds", "the longest garbage collector run since "
+                                "the server was ready", value=gcp.longest)
+        yield GaugeMetricFamily(PREFIX + "gc_frozen_objects", "objects kept out of garbage collections "
+                                "(gc.freeze once warmed up)", value=gc.get_freeze_count())
+        yield CounterMetricFamily(PREFIX + "jit_compiles", "Triton kernels compiled after the server was ready "
+                                  "(each one in the engine thread, with the GPU idle)", value=jit.count)
+        yield CounterMetricFamily(PREFIX + "jit_compile_seconds", "time those compiles took", value=jit.seconds)
 
 
 class ServerMetrics:
     """The registry one server exposes, and the per-request observations its handler makes."""
 
-    def __init__(self, engine, gc_pauses=None) -> None:
+    def __init__(self, engine, stalls=None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine, gc_pauses))
+        self.registry.register(_EngineCollector(engine, stalls))
 
         def hist(name: str, help_: str) -> Histogram:
             return Histogram(PREFIX + name, help_, buckets=_LATENCY_BUCKETS, registry=self.registry)

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from k2bench.engine.runtime.runtime_config import RuntimeConfig
     from k2bench.engine.runtime.server import EngineFailed, serve
     from k2bench.engine.runtime.server_limits import ServerLimits
-    from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings
+    from k2bench.engine.runtime.server_process import ProcessSettings, Stalls
     from k2bench.engine.runtime.tokenizer import Tokenizer, TokenizerError
 
     model = Path(args.model)
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     logging.getLogger("k2bench.engine").setLevel(logging.INFO)
-    gc_pauses = GcPauses().install()
+    stalls = Stalls().install()  # before the engine: start-up's collections and compiles are counted too
     opts = EngineOptions(model=str(model), device=args.device, dtype=args.dtype, quant_mode=args.quant_mode,
                          backend=args.backend, tp=args.tp, runtime=rt)
     try:
@@ -182,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         await serve(engine, tok, host=args.host, port=args.port, served_name=name, api_key=api_key,
-                    root=str(model.resolve()), limits=limits, on_ready=lambda: process.warmed(gc_pauses),
-                    gc_pauses=gc_pauses)
+                    root=str(model.resolve()), limits=limits, on_ready=lambda: process.warmed(stalls),
+                    stalls=stalls)
 
     try:
         asyncio.run(main())

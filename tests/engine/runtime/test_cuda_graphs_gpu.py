@@ -4,7 +4,8 @@ The GPU test runs the whole runtime (scheduler, chunked prefill, batching that g
 through several graph buckets) on the tiny MXFP4 model in float32 with the triton backend, eager and
 with graphs, each with and without steps launched ahead of reading the last one's tokens, and needs
 identical greedy tokens and graph replays actually used;
-a second runs prompts sharing prefixes with prefix caching on and off under graphs.
+a second runs prompts sharing prefixes with prefix caching on and off under graphs; a third checks that
+nothing compiles once the engine has warmed up.
 """
 
 from __future__ import annotations
@@ -85,3 +86,32 @@ def test_graphs_stay_off_on_cpu_and_enforce_eager_switches_them_off(tmp_path):
     d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=11)
     tokens, graphs = _generate(d, graphs=True, device="cpu", backend="torch")
     assert graphs is None and all(len(t) > 0 for t in tokens)
+
+
+@pytest.mark.gpu
+def test_nothing_compiles_after_warm_up(tmp_path):
+    """After the engine's warm-up (and graph capture), serving prompts of many lengths in growing and
+    shrinking batches compiles no Triton kernel: Triton's own compile hook counts them (server_process)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
+    from k2bench.engine.runtime.build import EngineOptions, build_engine
+    from k2bench.engine.runtime.runtime_config import RuntimeConfig
+    from k2bench.engine.runtime.sequence import SamplingParams, Sequence
+    from k2bench.engine.runtime.server_process import JitCompiles
+
+    jit = JitCompiles().install()
+    d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=3)
+    rt = RuntimeConfig(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048, block_size=16,
+                       num_kv_blocks=1024)
+    eng = build_engine(EngineOptions(model=str(d), device="cuda", dtype="bfloat16", backend="triton", runtime=rt))
+    eng.warm_up()
+    jit.ready()
+    g = torch.Generator().manual_seed(1)
+    lengths = [1, 3, 16, 17, 100, 511, 512, 513, 1500, 7, 250, 33, 64, 65, 900, 2]
+    seqs = [Sequence(torch.randint(10, 500, (n,), generator=g).tolist(),
+                     SamplingParams(temperature=0, max_tokens=4 + 5 * (i % 4), ignore_eos=True))
+            for i, n in enumerate(lengths)]
+    eng.generate(seqs)
+    assert all(s.output_token_ids for s in seqs)
+    assert jit.count == 0, f"{jit.count} kernels compiled after warm-up (see the log)"
