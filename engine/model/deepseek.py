@@ -126,29 +126,38 @@ class DeepseekV3ForCausalLM(nn.Module):
     @torch.inference_mode()
     def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
         """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`),
-        and, on a GPU, the routed experts of the first MoE layer run at every count of
-        `warm_up_token_counts(max_tokens)`: Triton compiles a kernel for each size regime it meets, and
-        one met first mid-serving stopped every stream for 0.2-1.1 s per kernel (an H200 design card,
-        2026-12-03). Each rank on its own (no all-reduce); every layer shares the kernels. Returns the
-        calls run."""
+        and on a GPU the MoE kernels' size variants (`warm_up_moe`). Returns the calls run."""
         if not len(self.layers):
             return 0
         n = self.layers[0].self_attn.warm_up(max_ctx)
+        if self.embed_tokens.device.type == "cuda":
+            n += self.warm_up_moe(max_tokens)
+        return n
+
+    @torch.inference_mode()
+    def warm_up_moe(self, max_tokens: int) -> int:
+        """Run the first MoE layer's router and experts (as `DecoderLayer.forward` feeds them) at every count
+        of `warm_up_token_counts(max_tokens)`: Triton compiles a kernel for each size regime it meets, and
+        one first met mid-serving stopped every stream for 0.2-1.1 s per kernel (an H200 design card,
+        2026-12-03). Each rank on its own (no all-reduce); every layer shares the kernels. Returns the counts
+        run (0 without an MoE layer)."""
         layer = next((layer for layer in self.layers if isinstance(layer.mlp, MoE)), None)
-        dev = self.embed_tokens.device
-        if layer is None or max_tokens < 1 or dev.type != "cuda":
-            return n
+        if layer is None or max_tokens < 1:
+            return 0
         norm, moe = layer.post_attention_layernorm, layer.mlp
+        dev, dtype = self.embed_tokens.device, self.embed_tokens.dtype
         gen = torch.Generator(device=dev).manual_seed(0)
-        for t in warm_up_token_counts(max_tokens):
-            x = torch.randn(t, self.cfg.hidden_size, device=dev, dtype=self.embed_tokens.dtype, generator=gen)
-            if moe.takes_quantized:  # as DecoderLayer.forward feeds it
+        counts = warm_up_token_counts(max_tokens)
+        for t in counts:
+            x = torch.randn(t, self.cfg.hidden_size, device=dev, dtype=dtype, generator=gen)
+            if moe.takes_quantized:  # the experts' A4W4 input written by the norm, as in DecoderLayer.forward
                 h, _, hq = norm(x, torch.zeros_like(x), quantize=True)
                 moe.local(h, hq)
             else:
                 moe.local(norm(x, torch.zeros_like(x))[0])
-        torch.cuda.synchronize(dev)
-        return n + len(warm_up_token_counts(max_tokens))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return len(counts)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -32,3 +32,26 @@ def test_the_counts_meet_every_regime_a_step_can(max_tokens, top_k, experts):
 def test_no_counts_below_one():
     assert warm_up_token_counts(0) == []
     assert warm_up_token_counts(5) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("quant_mode", ["w4", "a4w4"])
+def test_the_moe_warm_up_runs_the_layer_as_a_step_feeds_it(tmp_path, quant_mode):
+    """The warm-up's calls on CPU (the serving engine makes them only on a GPU, where Triton compiles): the
+    first MoE layer fed as DecoderLayer.forward feeds it, A4W4 input from the norm included, and its
+    local part plus the all-reduce is the layer's forward."""
+    import torch
+
+    from k2bench.engine.model.deepseek import DecoderLayer
+    from k2bench.engine.model.loader import load_model
+    from k2bench.engine.model.moe import MoE
+    from k2bench.engine.model.tiny import write_tiny_checkpoint
+
+    d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4")
+    model, cfg = load_model(d, dtype="float32", quant_mode=quant_mode)
+    layer = next(m for m in model.layers if isinstance(m, DecoderLayer) and isinstance(m.mlp, MoE))
+    assert layer.mlp.takes_quantized == (quant_mode == "a4w4")
+    assert model.warm_up_moe(40) == len(warm_up_token_counts(40))
+    assert model.warm_up(64, 40) == 0  # on CPU: no attention plans, no MoE variants to compile
+    x = torch.randn(5, cfg.hidden_size)
+    assert torch.equal(layer.mlp.local(x), layer.mlp(x))  # one rank: the all-reduce is the identity

@@ -9,7 +9,7 @@ import gc
 import pytest
 from test_runtime_server import PROMPT_IDS, Server
 
-from k2bench.engine.runtime.server_process import GcPauses, ProcessSettings, freeze_heap
+from k2bench.engine.runtime.server_process import GcPauses, JitCompiles, ProcessSettings, Stalls, freeze_heap
 
 
 def test_the_pause_count_matches_cpythons_own_collection_count():
@@ -32,23 +32,50 @@ def test_the_pause_count_matches_cpythons_own_collection_count():
     assert pauses._callback not in gc.callbacks
 
 
-def test_warmed_freezes_the_heap_and_restarts_the_longest_pause():
-    pauses = GcPauses().install()
+def test_warmed_freezes_the_heap_restarts_the_longest_pause_and_starts_counting_compiles():
+    stalls = Stalls()
+    stalls.gc.install()
     try:
         gc.collect()
-        assert pauses.longest > 0
-        ProcessSettings(gc_freeze=False).warmed(pauses)
-        assert pauses.longest == 0 and gc.get_freeze_count() == 0
+        assert stalls.gc.longest > 0
+        ProcessSettings(gc_freeze=False).warmed(stalls)
+        assert stalls.gc.longest == 0 and gc.get_freeze_count() == 0 and stalls.jit._ready
         junk = [[i] for i in range(1000)]  # noqa: F841 -- alive, so the freeze must keep it
-        ProcessSettings().warmed(pauses)
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000
+        ProcessSettings().warmed(stalls)
+        assert gc.get_freeze_count() > 1000
     finally:
-        pauses.uninstall()
+        stalls.gc.uninstall()
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
     assert freeze_heap() > 0
     gc.unfreeze()
+
+
+def test_compiles_count_only_once_ready_and_chain_the_hooks_before_them():
+    """Triton calls its cache hook before a compile and its post-compile hook after; JitCompiles keeps any
+    hooks set before it (calling them, and passing on what the first returns) and counts from `ready`."""
+    knobs = pytest.importorskip("triton").knobs
+    rt = knobs.runtime
+    saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    seen = []
+    try:
+        rt.jit_cache_hook = lambda **kw: seen.append(("before", kw["key"]))
+        rt.jit_post_compile_hook = lambda **kw: seen.append(("after", kw["key"]))
+        jit = JitCompiles().install()
+        args = dict(repr="kernel(x: *bf16)", fn=None, compile=None, is_manual_warmup=False, already_compiled=False)
+
+        def compile_(key):
+            assert not rt.jit_cache_hook(key=key, **args)  # a true value would make Triton skip the compile
+            rt.jit_post_compile_hook(key=key, **args)
+
+        compile_("start-up")
+        assert jit.count == 0 and jit.seconds == 0
+        jit.ready()
+        compile_("serving")
+        assert jit.count == 1 and jit.seconds >= 0
+        assert seen == [("before", "start-up"), ("after", "start-up"), ("before", "serving"), ("after", "serving")]
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = saved
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +112,7 @@ def test_serve_reports_its_interpreter_settings_and_gc_pauses(tiny):
     assert m['k2bench_gc_pauses_total{generation="0"}'] > 0 and m['k2bench_gc_pause_seconds_total{generation="0"}'] > 0
     # longest counts from the end of warm-up, so the freeze's own full collection is not in it
     assert 0 <= m["k2bench_gc_pause_longest_seconds"] < m['k2bench_gc_pause_seconds_total{generation="2"}']
+    assert m["k2bench_jit_compiles_total"] == 0  # the CPU engine compiles no Triton kernel
 
     other = Server(tiny, "--served-model-name", "tiny", "--no-gc-freeze")
     try:
