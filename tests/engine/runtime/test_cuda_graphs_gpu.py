@@ -104,7 +104,7 @@ def test_nothing_compiles_after_warm_up(tmp_path):
     d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4", seed=3)
     rt = RuntimeConfig(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048, block_size=16,
                        num_kv_blocks=1024)
-    eng = build_engine(EngineOptions(model=str(d), device="cuda", dtype="bfloat16", backend="triton", runtime=rt))
+    eng = build_engine(EngineOptions(model=str(d), device="cuda", dtype="float32", backend="triton", runtime=rt))
     eng.warm_up()
     jit.ready()
     g = torch.Generator().manual_seed(1)
