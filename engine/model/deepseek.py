@@ -65,7 +65,7 @@ class DecoderLayer(nn.Module):
 
 
 def warm_up_token_counts(max_tokens: int) -> list[int]:
-    """Token counts a step can carry, dense enough that each size regime of the MoE kernels (tiles by pairs
+    """Token counts a step can carry, dense enough that each size regime of the MLP kernels (tiles by pairs
     per expert, alignment chunks by pairs: thresholds at and between powers of two) holds at least one:
     1..16, then 16 per octave, and max_tokens."""
     counts = set(range(1, min(16, max_tokens) + 1))
@@ -126,38 +126,42 @@ class DeepseekV3ForCausalLM(nn.Module):
     @torch.inference_mode()
     def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
         """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`),
-        and on a GPU the MoE kernels' size variants (`warm_up_moe`). Returns the calls run."""
+        and on a GPU the MLP kernels' size variants (`warm_up_mlps`). Returns the calls run."""
         if not len(self.layers):
             return 0
         n = self.layers[0].self_attn.warm_up(max_ctx)
         if self.embed_tokens.device.type == "cuda":
-            n += self.warm_up_moe(max_tokens)
+            n += self.warm_up_mlps(max_tokens)
         return n
 
     @torch.inference_mode()
-    def warm_up_moe(self, max_tokens: int) -> int:
-        """Run the first MoE layer's router and experts (as `DecoderLayer.forward` feeds them) at every count
-        of `warm_up_token_counts(max_tokens)`: Triton compiles a kernel for each size regime it meets, and
-        one first met mid-serving stopped every stream for 0.2-1.1 s per kernel (an H200 design card,
-        2026-12-03). Each rank on its own (no all-reduce); every layer shares the kernels. Returns the counts
-        run (0 without an MoE layer)."""
-        layer = next((layer for layer in self.layers if isinstance(layer.mlp, MoE)), None)
-        if layer is None or max_tokens < 1:
+    def warm_up_mlps(self, max_tokens: int) -> int:
+        """Run the MLP of the first layer of each kind (MoE: router, shared and routed experts; dense) as
+        `DecoderLayer.forward` feeds it, at every count of `warm_up_token_counts(max_tokens)`. The MoE and
+        dense-MLP kernels pick tiles, alignment chunks and K splits by size, each a variant Triton compiles
+        when first met; one first met mid-serving stopped every stream for 0.2-1.1 s per kernel (an H200
+        design card, 2026-12-03). Each rank on its own (`local`: no all-reduce); layers of a kind share
+        their kernels. Returns the calls run."""
+        firsts: dict[type, DecoderLayer] = {}
+        for layer in self.layers:
+            firsts.setdefault(type(layer.mlp), layer)
+        if max_tokens < 1 or not firsts:
             return 0
-        norm, moe = layer.post_attention_layernorm, layer.mlp
         dev, dtype = self.embed_tokens.device, self.embed_tokens.dtype
         gen = torch.Generator(device=dev).manual_seed(0)
         counts = warm_up_token_counts(max_tokens)
-        for t in counts:
-            x = torch.randn(t, self.cfg.hidden_size, device=dev, dtype=dtype, generator=gen)
-            if moe.takes_quantized:  # the experts' A4W4 input written by the norm, as in DecoderLayer.forward
-                h, _, hq = norm(x, torch.zeros_like(x), quantize=True)
-                moe.local(h, hq)
-            else:
-                moe.local(norm(x, torch.zeros_like(x))[0])
+        for layer in firsts.values():
+            norm, mlp = layer.post_attention_layernorm, layer.mlp
+            for t in counts:
+                x = torch.randn(t, self.cfg.hidden_size, device=dev, dtype=dtype, generator=gen)
+                if mlp.takes_quantized:  # the MLP's A4W4 input written by the norm, as in DecoderLayer.forward
+                    h, _, hq = norm(x, torch.zeros_like(x), quantize=True)
+                    mlp.local(h, hq)
+                else:
+                    mlp.local(norm(x, torch.zeros_like(x))[0])
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        return len(counts)
+        return len(firsts) * len(counts)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

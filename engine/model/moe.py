@@ -81,11 +81,15 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
         """xq: x's A4W4 values, when the norm before wrote them (`takes_quantized`)."""
+        y = self.local(x, xq)
+        return self.par.all_reduce(y) if self.reduce else y
+
+    def local(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's share of `forward` (before any all-reduce)."""
         _check_backend(self.prefix, self.released_for, self.par.backend, f" (or with {KEEP_DENSE_ENV}=1)")
         gu, down = self.gate_up, self.down
-        y = self.par.backend.dense_mlp(x if xq is None else xq, gu.weight, gu.weight_scale, down.weight,
-                                       down.weight_scale, a4w4=self.par.a4w4, x_quantized=xq is not None)
-        return self.par.all_reduce(y) if self.reduce else y
+        return self.par.backend.dense_mlp(x if xq is None else xq, gu.weight, gu.weight_scale, down.weight,
+                                          down.weight_scale, a4w4=self.par.a4w4, x_quantized=xq is not None)
 
 
 class Router(nn.Module):
@@ -237,7 +241,7 @@ class MoE(nn.Module):
         return self.par.all_reduce(self.local(x, xq))
 
     def local(self, x: torch.Tensor, xq: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's share of `forward` (before the all-reduce)."""
+        """This rank's share of `forward` (before the all-reduce; a rank's warm-up runs it alone)."""
         weights, ids = self.gate(x)
         shared = self.shared_experts(x, xq) if self.shared_experts is not None else None
         return self.experts(x if xq is None else xq, weights, ids, shared, xq is not None)

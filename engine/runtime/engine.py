@@ -96,7 +96,7 @@ class LLMEngine:
         t0 = time.monotonic()
         n = self.runner.warm_up(self.config.warm_up_ctx, self.config.max_num_batched_tokens)
         if n:
-            log.info("warm-up: %d prefill attention shapes and MoE token counts in %.1f s", n, time.monotonic() - t0)
+            log.info("warm-up: %d prefill attention shapes and MLP token counts in %.1f s", n, time.monotonic() - t0)
 
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:

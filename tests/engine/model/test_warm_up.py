@@ -36,22 +36,41 @@ def test_no_counts_below_one():
 
 @pytest.mark.engine
 @pytest.mark.parametrize("quant_mode", ["w4", "a4w4"])
-def test_the_moe_warm_up_runs_the_layer_as_a_step_feeds_it(tmp_path, quant_mode):
+def test_the_mlp_warm_up_runs_each_kind_of_layer_as_a_step_feeds_it(tmp_path, monkeypatch, quant_mode):
     """The warm-up's calls on CPU (the serving engine makes them only on a GPU, where Triton compiles): the
-    first MoE layer fed as DecoderLayer.forward feeds it, A4W4 input from the norm included, and its
-    local part plus the all-reduce is the layer's forward."""
+    first MoE and the first dense layer, at every count, fed as DecoderLayer.forward feeds them (A4W4 input
+    from the norm when the MLP takes it), and each MLP's local part is its forward on one rank."""
     import torch
 
-    from k2bench.engine.model.deepseek import DecoderLayer
     from k2bench.engine.model.loader import load_model
-    from k2bench.engine.model.moe import MoE
+    from k2bench.engine.model.moe import DenseMLP, MoE
     from k2bench.engine.model.tiny import write_tiny_checkpoint
 
     d = write_tiny_checkpoint(tmp_path / "tiny", quant="mxfp4")
     model, cfg = load_model(d, dtype="float32", quant_mode=quant_mode)
-    layer = next(m for m in model.layers if isinstance(m, DecoderLayer) and isinstance(m.mlp, MoE))
-    assert layer.mlp.takes_quantized == (quant_mode == "a4w4")
-    assert model.warm_up_moe(40) == len(warm_up_token_counts(40))
-    assert model.warm_up(64, 40) == 0  # on CPU: no attention plans, no MoE variants to compile
+    assert {type(layer.mlp) for layer in model.layers} == {MoE, DenseMLP}  # both kinds, as in Kimi-K2
+    calls = []
+
+    def spying(kind):
+        real = kind.local
+
+        def local(self, x, xq=None):
+            calls.append((self, x.shape[0], xq is not None, self.takes_quantized))
+            return real(self, x, xq)
+        return local
+
+    for kind in (MoE, DenseMLP):
+        monkeypatch.setattr(kind, "local", spying(kind))
+    counts = warm_up_token_counts(40)
+    assert model.warm_up_mlps(40) == 2 * len(counts)
+    for kind in (MoE, DenseMLP):  # the first layer of each kind (a MoE's shared experts call DenseMLP too)
+        first = next(layer.mlp for layer in model.layers if isinstance(layer.mlp, kind))
+        mine = [c for c in calls if c[0] is first]
+        assert [c[1] for c in mine] == counts
+        assert all(quantized == takes for _, _, quantized, takes in mine)
+    assert any(c[3] for c in calls) == (quant_mode == "a4w4")
+    monkeypatch.undo()
+    assert model.warm_up(64, 40) == 0  # on CPU: no attention plans, no variants to compile
     x = torch.randn(5, cfg.hidden_size)
-    assert torch.equal(layer.mlp.local(x), layer.mlp(x))  # one rank: the all-reduce is the identity
+    for layer in model.layers:
+        assert torch.equal(layer.mlp.local(x), layer.mlp(x))  # one rank: the all-reduce is the identity
