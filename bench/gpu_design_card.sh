@@ -37,5 +37,15 @@ fi
 if [ -f "$OUT/${NAME}_sweep.json" ]; then
   python3 bench/decode_roofline.py --model "$CKPT" --tp 1 --run "$OUT/${NAME}_sweep.json" --bandwidth-gbs "$BW" \
     --out "$OUT/${NAME}_roofline.json" | tee -a "$OUT/run.log"
+  # what stopped every stream inside each level (server_process.Stalls): Triton compiles, longest GC pause
+  python3 - "$OUT/${NAME}_sweep.json" <<'PY' | tee -a "$OUT/run.log"
+import json, sys
+for p in json.load(open(sys.argv[1]))["points"]:
+    m = p.get("server_metrics") or {}
+    c, g = m.get("counters") or {}, m.get("gauges") or {}
+    print(f"conc {p['concurrency']:>4}: Triton compiles {c.get('k2bench_jit_compiles_total', '-')} "
+          f"({c.get('k2bench_jit_compile_seconds_total', 0):.2f} s), longest GC pause "
+          f"{(g.get('k2bench_gc_pause_longest_seconds') or {}).get('max', '-')} s")
+PY
 fi
 log "design card ($NAME): done"
