@@ -149,6 +149,11 @@ class KernelBackend(Protocol):
         """The step's gather plan from the runner's metadata (may read it on the host)."""
         ...
 
+    def warm_up_decode(self, w_uk: torch.Tensor, rope_dim: int, kv_cache: torch.Tensor, scale: float) -> int:
+        """Run the decode attention once per compiled variant a step can meet (split or not), on a layer's
+        paged cache (read, never written), in the calling thread. Returns the calls run (0: nothing to warm)."""
+        ...
+
     def decode_plan(self, meta: AttentionMetadata, kv_dim: int) -> AttentionPlan:
         """The plan of a step where every sequence brings one token (sync-free when `graph_decode`)."""
         ...

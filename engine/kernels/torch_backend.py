@@ -244,6 +244,10 @@ class TorchBackend:
         """Nothing here builds per-shape plans."""
         return 0
 
+    def warm_up_decode(self, w_uk, rope_dim, kv_cache, scale) -> int:
+        """Nothing here compiles."""
+        return 0
+
     def mla(
         self,
         q_nope: torch.Tensor,

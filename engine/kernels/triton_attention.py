@@ -68,7 +68,13 @@ def _dot(a, b, acc, F32: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
-@triton.jit
+# Integers that change with a step's shape (split count, block-table width, the lse buffer's strides) are
+# not specialised: Triton would compile another variant the first time one is 1 or a multiple of 16, in
+# the middle of a step (every stream waiting). The two store paths (DIRECT) are warmed before serving.
+DECODE_UNSPECIALISED = ("num_splits", "s_tb", "s_lb", "s_lh")
+
+
+@triton.jit(do_not_specialize=DECODE_UNSPECIALISED)
 def _mla_decode_split(
     q_lat_ptr, q_pe_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
     H, num_splits, qk_scale,
@@ -131,7 +137,7 @@ def _mla_decode_split(
         tl.store(lse_ptr + b * s_lb + heads * s_lh + split, lse, mask=h_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "s_pb", "s_ph", "s_lb", "s_lh"])  # as DECODE_UNSPECIALISED
 def _mla_decode_merge(
     part_ptr, lse_ptr, out_ptr, H, num_splits,
     s_pb, s_ph, s_ps, s_lb, s_lh, s_ob, s_oh,

@@ -473,6 +473,24 @@ class TritonBackend(TorchBackend):
         torch.cuda.synchronize(w_uk.device)
         return len(buckets)
 
+    def warm_up_decode(self, w_uk, rope_dim, kv_cache, scale) -> int:
+        """The paged decode kernel unsplit and split (its two compiled variants; the sizes that vary per step
+        are not specialised, `triton_attention.DECODE_UNSPECIALISED`), for one sequence of one token in
+        the cache's first block, with the dtypes and layouts a step passes. CUDA graph capture meets only
+        the split counts of the captured batch sizes at the full table width; an eager mixed step meets any."""
+        if kv_cache.device.type != "cuda":
+            return 0
+        dev = kv_cache.device
+        H, _, r = w_uk.shape
+        q_lat = torch.zeros(1, H, r, dtype=w_uk.dtype, device=dev)
+        q_pe = torch.zeros(1, H, rope_dim, dtype=w_uk.dtype, device=dev)
+        tables = torch.zeros(1, 1, dtype=torch.int64, device=dev)
+        lens = torch.ones(1, dtype=torch.int64, device=dev)
+        for splits in (1, 2):
+            mla_decode(q_lat, q_pe, kv_cache, tables, lens, scale, num_splits=splits)
+        torch.cuda.synchronize(dev)
+        return 2
+
     @staticmethod
     def _decode(q_nope, q_pe, kv_cache, tables, lens, scale, w_uk, w_uv):
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)

@@ -93,13 +93,17 @@ class MLAttention(nn.Module):
         o = self.par.backend.mla(q_nope, q_pe, kv_cache, plan, self.scale, w_uk, w_uv)
         return self.par.all_reduce(self.o_proj(o.reshape(T, self.heads * v)))
 
-    def warm_up(self, max_ctx: int) -> int:
-        """The backend's per-shape plans of this layer's prefill attention (`warm_up_mla`); every layer
-        has the same shapes, so one layer's call serves all."""
+    def warm_up(self, max_ctx: int, kv_cache: torch.Tensor | None = None) -> int:
+        """The backend's per-shape plans of this layer's prefill attention (`warm_up_mla`) and, given a
+        layer's paged cache, its decode attention's variants (`warm_up_decode`); every layer has the same
+        shapes, so one layer's call serves all."""
         cfg = self.cfg
         w = self._kv_b_dense().view(self.heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         nope = cfg.qk_nope_head_dim
-        return self.par.backend.warm_up_mla(w[:, :nope, :], w[:, nope:, :], cfg.qk_rope_head_dim, max_ctx, self.scale)
+        n = self.par.backend.warm_up_mla(w[:, :nope, :], w[:, nope:, :], cfg.qk_rope_head_dim, max_ctx, self.scale)
+        if kv_cache is not None:
+            n += self.par.backend.warm_up_decode(w[:, :nope, :], cfg.qk_rope_head_dim, kv_cache, self.scale)
+        return n
 
     def _kv_b_dense(self) -> torch.Tensor:
         """kv_b_proj in the compute dtype, dequantised once (weights never change after loading)."""

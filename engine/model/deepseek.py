@@ -124,12 +124,13 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     @torch.inference_mode()
-    def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
-        """Per-shape kernel plans of the prefill attention, built in the calling thread (`MLAttention.warm_up`),
-        and on a GPU the MLP kernels' size variants (`warm_up_mlps`). Returns the calls run."""
+    def warm_up(self, max_ctx: int, max_tokens: int = 0, kv_cache: torch.Tensor | None = None) -> int:
+        """Per-shape kernel plans of the prefill attention, built in the calling thread, and the decode
+        attention's variants on `kv_cache` (a layer's paged cache, only read; `MLAttention.warm_up`), and on
+        a GPU the MLP kernels' size variants (`warm_up_mlps`). Returns the calls run."""
         if not len(self.layers):
             return 0
-        n = self.layers[0].self_attn.warm_up(max_ctx)
+        n = self.layers[0].self_attn.warm_up(max_ctx, kv_cache)
         if self.embed_tokens.device.type == "cuda":
             n += self.warm_up_mlps(max_tokens)
         return n

@@ -190,8 +190,9 @@ class ModelRunner:
     # ---- every rank: run the model ----------------------------------------------------------
     def warm_up(self, max_ctx: int, max_tokens: int = 0) -> int:
         """Build the kernels' per-shape plans and compile their size variants in this thread, the one that
-        will run `execute` (`DeepseekV3ForCausalLM.warm_up`)."""
-        return self.model.warm_up(max_ctx, max_tokens)
+        will run `execute` (`DeepseekV3ForCausalLM.warm_up`); the decode attention runs on the first
+        layer's cache."""
+        return self.model.warm_up(max_ctx, max_tokens, self.kv_caches[0] if self.kv_caches else None)
 
     @torch.inference_mode()
     def execute(self, inp: StepInputs) -> torch.Tensor | None:
