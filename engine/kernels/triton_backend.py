@@ -208,8 +208,23 @@ class TritonPlan(AttentionPlan):
     decode_lens: torch.Tensor | None  # their context lengths
 
 
+# A chunk at least this share of its context runs as a padded square call (cuDNN's flash kernel), a
+# shorter one with the lower-right causal mask (`chunk_path`). On an H200 (bench/engine_prefill_bench.py
+# --chunks, 2026-12-03) the square call was the cheaper from a quarter on (3.08 against 3.39 ms at 2048 x
+# 8192, 1.23 against 1.27 at 1024 x 4096, 0.63 against 0.66 at 512 x 2048) and the lower-right below it
+# (2.84 against 3.06 ms at 1536 x 8192, 0.62 against 0.65 at 256 x 2048).
+SQUARE_MIN_SHARE = 1 / 4
+
+
+def chunk_path(n: int, ctx: int) -> str:
+    """How `prefill_attention` runs a chunk of n queries over a context of ctx keys (its own included):
+    "square" (padded to `query_bucket(ctx)` rows, causal upper-left) or "lower_right"."""
+    return "square" if n >= SQUARE_MIN_SHARE * ctx else "lower_right"
+
+
 def prefill_attention(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, scale: float, w_uk: torch.Tensor, w_uv: torch.Tensor
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, scale: float, w_uk: torch.Tensor, w_uv: torch.Tensor,
+    path: str | None = None,
 ) -> torch.Tensor:
     """One sequence's prefill chunk in the expanded MLA form through PyTorch's fused SDPA.
 
@@ -220,26 +235,33 @@ def prefill_attention(
     the absorbed one's (r + rope = 576) FLOPs, and the fused kernels never hold the score matrix.
     The query at chunk row i sits at position ctx - n + i (causal mask aligned to the lower right).
 
-    Two ways through SDPA, by the chunk's share of its context:
-    - n >= ctx / 4: a square causal call over `query_bucket(ctx)` rows. The chunk's queries sit at their
+    Two ways through SDPA (`path`, by default `chunk_path(n, ctx)`):
+    - "square": a causal call over `query_bucket(ctx)` rows. The chunk's queries sit at their
       positions, zero rows stand in front of them (earlier positions) and behind the context (later ones);
       on sm_90 PyTorch runs this on cuDNN's flash kernel (~640 TFLOP/s on an H200), which builds one
-      execution plan per shape (~25 ms of host time): the buckets keep the shapes few, and the padding
-      costs less than the lower-right kernel would;
-    - shorter chunks (the tail of a prompt cut by the step budget): the lower-right causal mask, which
-      only the memory-efficient kernel takes (its sm80 code ran ~120 TFLOP/s there), on exact shapes.
-    bench/engine_wave_bench.py shows what both cost inside a one-wave level's mixed steps.
+      execution plan per shape (~25 ms of host time): the buckets keep the shapes few. Its cost is the
+      whole context's, whatever n is;
+    - "lower_right": the chunk alone under the lower-right causal mask, on exact shapes. In bf16 / fp16
+      on a GPU the values are zero-padded to the key width, because the flash kernel (FlashAttention-2)
+      takes that mask only with equal widths; unpadded, only the memory-efficient kernel takes it, which
+      on an H200 was as fast below 512 queries and 1.3-1.4x slower from 1024 (2.99 against 2.26 ms at
+      1024 x 8192, 3.98 against 2.84 at 1536 x 8192).
+    bench/engine_prefill_bench.py --chunks times both per (n, ctx); bench/engine_wave_bench.py shows what
+    they cost inside a one-wave level's mixed steps.
 
     Tensors go in as [1, H, len, D] (the fused kernels take 4-D only; 3-D falls back to the math
-    kernel and its materialised scores) and values keep their own width v (no zero padding to the key
-    width), which the memory-efficient and cuDNN kernels accept; tests/engine/kernels/
-    test_triton_gpu_shapes.py checks on the GPU that a fused kernel takes these shapes.
+    kernel and its materialised scores) and the square call's values keep their own width v, which the
+    cuDNN kernel accepts; tests/engine/kernels/test_triton_gpu_shapes.py checks on the GPU that a fused
+    kernel takes these shapes.
     """
     n, H, _ = q_nope.shape
     ctx = kv.shape[0]
     r = w_uk.shape[-1]
+    path = chunk_path(n, ctx) if path is None else path
+    if path not in ("square", "lower_right"):
+        raise ValueError(f"unknown prefill attention path {path!r}: square, lower_right")
     front = back = 0
-    if 4 * n >= ctx:
+    if path == "square":
         front, back = ctx - n, query_bucket(ctx) - ctx
         q_nope, q_pe = (F.pad(t, (0, 0, 0, 0, front, back)) for t in (q_nope, q_pe))
         kv = F.pad(kv, (0, 0, 0, back))  # keys past the context: only the rows behind it can see them
@@ -253,7 +275,10 @@ def prefill_attention(
     if rows == keys:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rows, keys), scale=scale)
+        width = v.shape[-1]
+        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and width < q.shape[-1]:  # flash's dtypes
+            v = F.pad(v, (0, q.shape[-1] - width))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rows, keys), scale=scale)[..., :width]
     return o[0, :, front : front + n].transpose(0, 1)  # [n, H, v]
 
 

@@ -229,6 +229,9 @@ def test_expanded_prefill_equals_absorbed_attention(n, ctx):
     got = prefill_attention(q_nope, q_pe, cache.view(-1, r + rope)[slots], 0.3, w_uk, w_uv)
     assert got.shape == (n, H, v)
     assert float((got - ref).abs().max()) < 1e-6  # the torch backend's softmax runs in float32
+    for path in ("square", "lower_right"):  # either way through SDPA, whichever chunk_path picks
+        other = prefill_attention(q_nope, q_pe, cache.view(-1, r + rope)[slots], 0.3, w_uk, w_uv, path=path)
+        assert float((other - ref).abs().max()) < 1e-6, path
     # the causal mask is live: the first chunk row must not see the chunk's later keys
     if n > 1:
         kv = cache.view(-1, r + rope)[slots]

@@ -83,7 +83,8 @@ def test_mxfp4_gemm_prefill_sizes(m):
 
 def test_prefill_attention_takes_a_fused_sdpa_kernel_in_bf16():
     """With the math kernel switched off the bf16 prefill still runs (a fused kernel accepts the 4-D,
-    unpadded 192/128 shapes, causal upper-left and lower-right) and matches a float64 reference."""
+    unpadded 192/128 shapes, causal upper-left and lower-right) and matches a float64 reference; the
+    lower-right path also runs on the flash kernel alone."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from k2bench.engine.kernels.triton_backend import prefill_attention
@@ -105,6 +106,11 @@ def test_prefill_attention_takes_a_fused_sdpa_kernel_in_bf16():
             got = prefill_attention(*bf, scale, w_uk.to(torch.bfloat16), w_uv.to(torch.bfloat16))
         assert got.shape == (n, H, v)
         assert _rel(got, ref) < 2e-2, (n, ctx)
+        if n < ctx:  # the lower-right mask on the flash kernel alone: values padded to the key width
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                flash = prefill_attention(*bf, scale, w_uk.to(torch.bfloat16), w_uv.to(torch.bfloat16),
+                                          path="lower_right")
+            assert _rel(flash, ref) < 2e-2, (n, ctx)
 
 
 @pytest.mark.parametrize("m", [1, 1100])
