@@ -55,14 +55,17 @@ def former_prefill_attention(q_nope, q_pe, kv, scale, w_uk, w_uv):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[..., :V].transpose(0, 1)
 
 
-def attention_rows(n: int, reps: int) -> list[dict]:
-    g = torch.Generator(device="cuda").manual_seed(n)
+def _inputs(n: int, ctx: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Random bf16 q_nope, q_pe (n queries), cached latents kv (ctx keys) and kv_b_proj's halves w_uk, w_uv."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     bf = dict(device="cuda", dtype=torch.bfloat16)
-    q_nope = torch.randn(n, H, NOPE, generator=g, **bf)
-    q_pe = torch.randn(n, H, ROPE, generator=g, **bf)
-    kv = torch.randn(n, R + ROPE, generator=g, **bf)
-    w_uk = torch.randn(H, NOPE, R, generator=g, **bf) / R**0.5
-    w_uv = torch.randn(H, V, R, generator=g, **bf) / R**0.5
+    return (torch.randn(n, H, NOPE, generator=g, **bf), torch.randn(n, H, ROPE, generator=g, **bf),
+            torch.randn(ctx, R + ROPE, generator=g, **bf), torch.randn(H, NOPE, R, generator=g, **bf) / R**0.5,
+            torch.randn(H, V, R, generator=g, **bf) / R**0.5)
+
+
+def attention_rows(n: int, reps: int) -> list[dict]:
+    q_nope, q_pe, kv, w_uk, w_uv = _inputs(n, n, n)
     scale = (NOPE + ROPE) ** -0.5
     sub = slice(0, 256)  # a float64 reference on the first 256 query rows (the causal ones see <= 256 keys)
     ref = prefill_attention(*(t.double() for t in (q_nope[sub], q_pe[sub], kv[sub])), scale,
@@ -111,13 +114,7 @@ def chunk_rows(shapes: list[tuple[int, int]], reps: int) -> list[dict]:
     rows = []
     scale = (NOPE + ROPE) ** -0.5
     for n, ctx in shapes:
-        g = torch.Generator(device="cuda").manual_seed(n + ctx)
-        bf = dict(device="cuda", dtype=torch.bfloat16)
-        q_nope = torch.randn(n, H, NOPE, generator=g, **bf)
-        q_pe = torch.randn(n, H, ROPE, generator=g, **bf)
-        kv = torch.randn(ctx, R + ROPE, generator=g, **bf)
-        w_uk = torch.randn(H, NOPE, R, generator=g, **bf) / R**0.5
-        w_uv = torch.randn(H, V, R, generator=g, **bf) / R**0.5
+        q_nope, q_pe, kv, w_uk, w_uv = _inputs(n, ctx, n + ctx)
         # float64 reference for the chunk's first 64 queries (they see the first ctx - n + 64 keys)
         sub, seen = slice(0, min(n, 64)), ctx - n + min(n, 64)
         ref = prefill_attention(*(t.double() for t in (q_nope[sub], q_pe[sub], kv[:seen])), scale,
