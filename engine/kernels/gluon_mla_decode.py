@@ -45,8 +45,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from k2bench.engine.kernels.triton_attention import DECODE_UNSPECIALISED
-
 
 @gluon.jit
 def _block_ids(tables_row, first, end, BLOCK_N: gl.constexpr, PAGE: gl.constexpr, layout: gl.constexpr):
@@ -85,7 +83,8 @@ def _prefetch_l2(kv_ptr, blk, first, s_kvb, s_kvt, PAGE: gl.constexpr, BLOCK_N: 
                               is_pure=False, pack=1)
 
 
-@gluon.jit(do_not_specialize=DECODE_UNSPECIALISED)  # sizes that change per step: one compiled kernel for all
+# sizes that change per step, as triton_attention.DECODE_UNSPECIALISED (which imports this module lazily)
+@gluon.jit(do_not_specialize=("num_splits", "s_tb", "s_lb", "s_lh"))
 def mla_decode_hopper(
     q_lat_ptr, q_pe_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
     num_splits, qk_scale,

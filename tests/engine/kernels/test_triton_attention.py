@@ -289,3 +289,16 @@ def test_hopper_mla_decode_against_float64():
             mla_decode(*dev, ns["SCALE"], num_splits=splits)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_decode_kernels_leave_the_same_step_sizes_unspecialised():
+    """The Triton and Gluon stage-1 kernels take the same arguments, and neither specialises the ones that
+    change from one eager step to the next (a new value that is 1 or a multiple of 16 would compile a new
+    variant mid-step); each name is one of the kernels' parameters."""
+    pytest.importorskip("triton.experimental.gluon")
+    from k2bench.engine.kernels import gluon_mla_decode, triton_attention
+
+    names = set(triton_attention.DECODE_UNSPECIALISED)
+    for fn in (triton_attention._mla_decode_split, gluon_mla_decode.mla_decode_hopper):
+        assert names <= set(fn.arg_names), fn.arg_names
+        assert {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize} == names
