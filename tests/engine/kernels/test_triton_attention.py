@@ -294,11 +294,20 @@ def test_hopper_mla_decode_against_float64():
 def test_decode_kernels_leave_the_same_step_sizes_unspecialised():
     """The Triton and Gluon stage-1 kernels take the same arguments, and neither specialises the ones that
     change from one eager step to the next (a new value that is 1 or a multiple of 16 would compile a new
-    variant mid-step); each name is one of the kernels' parameters."""
+    variant mid-step); each name is one of the kernels' parameters. Read in a child process without
+    TRITON_INTERPRET: the interpreter's kernel objects do not keep the decorator's arguments."""
     pytest.importorskip("triton.experimental.gluon")
-    from k2bench.engine.kernels import gluon_mla_decode, triton_attention
-
-    names = set(triton_attention.DECODE_UNSPECIALISED)
-    for fn in (triton_attention._mla_decode_split, gluon_mla_decode.mla_decode_hopper):
-        assert names <= set(fn.arg_names), fn.arg_names
-        assert {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize} == names
+    code = (
+        "import json\n"
+        "from k2bench.engine.kernels import gluon_mla_decode as g, triton_attention as t\n"
+        "print(json.dumps([sorted(t.DECODE_UNSPECIALISED)] + [[list(f.arg_names), "
+        "sorted(f.arg_names[i] if isinstance(i, int) else i for i in f.do_not_specialize)] "
+        "for f in (t._mla_decode_split, g.mla_decode_hopper)]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names, *kernels = json.loads(out.stdout.strip().splitlines()[-1])
+    for arg_names, unspecialised in kernels:
+        assert set(names) <= set(arg_names), arg_names
+        assert unspecialised == names
